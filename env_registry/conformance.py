@@ -1,0 +1,36 @@
+"""Conformance of a registered env: its spec, its datasets and the contract checks of ``molt_envs.conformance``."""
+
+from __future__ import annotations
+
+from env_registry.datasets import load_split
+from env_registry.errors import Error
+from env_registry.registry import registry
+from molt_envs.conformance import CheckReport, check_env
+
+SAMPLE_ROWS = 3
+
+
+def check(env_id: str) -> CheckReport:
+    """Check one registered env ID; never raises for a broken env, the report says what broke."""
+    try:
+        spec = registry.spec(env_id)
+    except Error as exc:
+        report = CheckReport(env_id)
+        report.add("resolve id", False, str(exc))
+        return report
+    report = CheckReport(f"{spec.id} ({spec.package or 'run-time registration'} {spec.package_version or ''})".strip())
+    try:
+        cls = registry.load(spec.id)
+    except Error as exc:
+        report.add("load entry point", False, str(exc))
+        return report
+    rows: list[dict] = []
+    for split in spec.datasets:
+        try:
+            rows += load_split(spec, split, SAMPLE_ROWS)
+        except Exception as exc:
+            report.add(f"dataset split {split!r}", False, f"{type(exc).__name__}: {exc}")
+    sub = check_env(lambda: cls(**spec.kwargs), rows[:SAMPLE_ROWS], subject=report.subject, kind=spec.kind,
+                    reward_range=spec.reward_range, deterministic=spec.deterministic)
+    report.checks.extend(sub.checks)
+    return report

@@ -1,0 +1,81 @@
+"""An env's dataset splits: JSONL files shipped inside its package, or generator functions.
+
+Rows come out normalized: ``{"prompt": [chat messages] | str, "label": ..., "reference": str | None, "row": raw}``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.resources
+import json
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from env_registry.errors import Error
+from env_registry.manifest import DatasetSplit, EnvSpec
+
+
+def split_config(spec: EnvSpec, split: str) -> DatasetSplit:
+    if split not in spec.datasets:
+        available = ", ".join(sorted(spec.datasets)) or "none"
+        raise Error(f"{spec.id!r} has no dataset split {split!r}; available splits: {available}")
+    return spec.datasets[split]
+
+
+def split_path(spec: EnvSpec, split: str) -> Path:
+    """The JSONL file of a path-based split (relative to the env module's package directory)."""
+    cfg = split_config(spec, split)
+    module = spec.entry_point.partition(":")[0]
+    package = module.rpartition(".")[0] or module
+    path = Path(str(importlib.resources.files(package).joinpath(cfg.path)))
+    if not path.is_file():
+        raise Error(f"dataset file for {spec.id!r} split {split!r} is missing: {path}; reinstall the package")
+    return path
+
+
+def iter_split(spec: EnvSpec, split: str) -> Iterator[dict[str, Any]]:
+    cfg = split_config(spec, split)
+    if cfg.generator is not None:
+        module, _, fn = cfg.generator.partition(":")
+        raw_rows = getattr(importlib.import_module(module), fn)(split=split, **cfg.kwargs)
+    else:
+        raw_rows = _read_jsonl(split_path(spec, split))
+    for i, row in enumerate(raw_rows):
+        yield normalize_row(row, cfg, f"{spec.id} {split} row {i}")
+
+
+def load_split(spec: EnvSpec, split: str, limit: int | None = None) -> list[dict[str, Any]]:
+    return list(islice(iter_split(spec, split), limit))
+
+
+def count_rows(spec: EnvSpec, split: str) -> int:
+    cfg = split_config(spec, split)
+    if cfg.path is not None:
+        with split_path(spec, split).open("rb") as f:
+            return sum(1 for line in f if line.strip())
+    return sum(1 for _ in iter_split(spec, split))
+
+
+def normalize_row(row: dict[str, Any], cfg: DatasetSplit, where: str) -> dict[str, Any]:
+    for key in (cfg.input_key, cfg.label_key):
+        if key not in row:
+            raise Error(f"{where} has no {key!r} field (its fields: {sorted(row)}); fix the data or the split's keys")
+    prompt = row[cfg.input_key]
+    if isinstance(prompt, str):
+        text = cfg.prompt_template.format(input=prompt) if cfg.prompt_template else prompt
+        prompt = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []) + [
+            {"role": "user", "content": text}]
+    return {"prompt": prompt, "label": row[cfg.label_key],
+            "reference": row.get(cfg.reference_key) if cfg.reference_key else None, "row": row}
+
+
+def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if line.strip():
+                try:
+                    yield json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise Error(f"{path}:{n} is not valid JSON: {exc}") from None

@@ -1,0 +1,49 @@
+"""Environment IDs: ``[namespace/]name[-vN][@package_version]``, as Gymnasium plus an optional package pin."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from env_registry.errors import InvalidEnvId
+
+MAX_ID_LENGTH = 128
+_ID = re.compile(
+    r"^(?:(?P<namespace>[A-Za-z0-9][A-Za-z0-9_-]*)/)?"
+    r"(?P<name>[A-Za-z0-9][A-Za-z0-9_.-]*?)"
+    r"(?:-v(?P<version>\d+))?"
+    r"(?:@(?P<pin>[A-Za-z0-9][A-Za-z0-9_.+!-]*))?$"
+)
+
+
+@dataclass(frozen=True)
+class EnvId:
+    namespace: str | None
+    name: str
+    version: int | None
+    pin: str | None = None  # a package version, e.g. "1.4.2"
+
+    @property
+    def base(self) -> str:
+        """``namespace/name`` without version or pin."""
+        return f"{self.namespace}/{self.name}" if self.namespace else self.name
+
+    @property
+    def unpinned(self) -> str:
+        return self.base if self.version is None else f"{self.base}-v{self.version}"
+
+    def __str__(self) -> str:
+        return self.unpinned if self.pin is None else f"{self.unpinned}@{self.pin}"
+
+
+def parse_env_id(env_id: str) -> EnvId:
+    if not isinstance(env_id, str):
+        raise InvalidEnvId(f"an env ID must be a string, got {type(env_id).__name__} {env_id!r}")
+    match = _ID.fullmatch(env_id) if len(env_id) <= MAX_ID_LENGTH else None
+    if match is None or ".." in env_id:
+        raise InvalidEnvId(
+            f"{env_id!r} is not a valid env ID; use [namespace/]name[-vN][@package_version] with letters, digits, "
+            f"'_', '-', '.' (at most {MAX_ID_LENGTH} characters), e.g. 'acme/echo-v1' or 'acme/echo-v1@1.0.2'"
+        )
+    version = match["version"]
+    return EnvId(match["namespace"], match["name"], int(version) if version is not None else None, match["pin"])

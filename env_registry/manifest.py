@@ -1,0 +1,181 @@
+"""The ``[tool.molt.env]`` manifest of an env package and the ``EnvSpec`` built from it.
+
+A package's ``pyproject.toml`` holds one ``[tool.molt.env]`` table, or an array ``[[tool.molt.env]]`` for several
+env IDs. The wheel carries that file in its ``.dist-info`` (hatchling ``extra-metadata``), so the registry reads
+manifests from installed metadata without importing any env module.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from env_registry.errors import ManifestError
+from env_registry.ids import parse_env_id
+
+_ENTRY_POINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
+_SAFE_PATH = re.compile(r"^[\w][\w./-]*$")
+
+
+class DatasetSplit(BaseModel):
+    """One split: a JSONL file inside the package, or a generator function ``pkg.mod:fn(split=..., **kwargs)``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: str | None = None  # relative to the env module's package directory
+    generator: str | None = None
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    input_key: str = "prompt"
+    label_key: str = "label"
+    reference_key: str | None = None  # a completion that earns the top reward (SFT data, conformance checks)
+    prompt_template: str | None = None  # e.g. "{input}\nPut the final answer in \\boxed{{}}."
+    system_prompt: str | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> DatasetSplit:
+        if (self.path is None) == (self.generator is None):
+            raise ValueError("give exactly one of 'path' (a JSONL file in the package) or 'generator' ('pkg.mod:fn')")
+        if self.path is not None and (not _SAFE_PATH.match(self.path) or ".." in self.path.split("/")):
+            raise ValueError(f"path {self.path!r} must be relative to the package, without '..'")
+        if self.generator is not None and not _ENTRY_POINT.match(self.generator):
+            raise ValueError(f"generator {self.generator!r} must look like 'package.module:function'")
+        return self
+
+
+class ToolNeed(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    sandbox: Literal["none", "auto", "local", "docker", "ray"] = "auto"
+    description: str = ""
+
+
+class EnvManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    entry_point: str
+    kind: Literal["env", "chat_agent"] = "env"
+    description: str = ""
+    tags: list[str] = Field(default_factory=list)
+    license: str | None = None
+    reward_range: tuple[float, float] = (0.0, 1.0)
+    modality: Literal["text", "vision"] = "text"
+    tools: list[ToolNeed] = Field(default_factory=list)
+    datasets: dict[str, DatasetSplit] = Field(default_factory=dict)
+    max_turns: int | None = Field(default=None, ge=1)
+    deterministic: bool = True
+    lifecycle: Literal["active", "deprecated"] = "active"
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        env_id = parse_env_id(value)
+        if env_id.pin is not None:
+            raise ValueError(f"a manifest id cannot carry a package pin ('@{env_id.pin}'); the package version pins it")
+        return value
+
+    @field_validator("entry_point")
+    @classmethod
+    def _valid_entry_point(cls, value: str) -> str:
+        if not _ENTRY_POINT.match(value):
+            raise ValueError(f"entry_point {value!r} must look like 'package.module:ClassName'")
+        return value
+
+    @field_validator("reward_range")
+    @classmethod
+    def _ordered(cls, value: tuple[float, float]) -> tuple[float, float]:
+        lo, hi = value
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise ValueError(f"reward_range must be two finite numbers [low, high] with low <= high, got {list(value)}")
+        return value
+
+    @field_validator("datasets")
+    @classmethod
+    def _split_names(cls, value: dict[str, DatasetSplit]) -> dict[str, DatasetSplit]:
+        for name in value:
+            if not re.fullmatch(r"[A-Za-z0-9_-]+", name):
+                raise ValueError(f"dataset split name {name!r} may only use letters, digits, '_' and '-'")
+        return value
+
+
+class EnvSpec(EnvManifest):
+    """A registered env: its manifest plus the package that provides it. JSON data only."""
+
+    package: str | None = None
+    package_version: str | None = None
+
+    def to_json(self) -> str:
+        return self.model_dump_json()
+
+    @classmethod
+    def from_json(cls, text: str) -> EnvSpec:
+        return cls.model_validate_json(text)
+
+    @property
+    def hash(self) -> str:
+        """Stable across processes and machines: sha256 of the canonical JSON (includes the package version)."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+    @property
+    def env_id(self):
+        return parse_env_id(self.id)
+
+    def pprint(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2)
+
+
+def parse_manifests(table: Any, source: str) -> list[EnvManifest]:
+    """Validate the value of ``tool.molt.env`` (a table or an array of tables)."""
+    tables = table if isinstance(table, list) else [table]
+    manifests = []
+    for i, entry in enumerate(tables):
+        where = source if len(tables) == 1 else f"{source}[{i}]"
+        if not isinstance(entry, dict):
+            raise ManifestError(f"{where}: [tool.molt.env] must be a table, got {type(entry).__name__} {entry!r:.80}")
+        try:
+            manifests.append(EnvManifest.model_validate(entry))
+        except ValidationError as exc:
+            raise ManifestError(format_validation_error(exc, where)) from None
+    ids = [m.id for m in manifests]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise ManifestError(f"{source}: env id(s) {duplicates} declared more than once")
+    return manifests
+
+
+def format_validation_error(exc: ValidationError, where: str) -> str:
+    lines = [f"invalid manifest in {where}:"]
+    for err in exc.errors():
+        field = ".".join(str(p) for p in err["loc"]) or "(table)"
+        lines.append(f"  field {field!r}: {err['msg']} (got {err.get('input')!r:.100})")
+    return "\n".join(lines)
+
+
+def manifests_from_pyproject(text: str, source: str) -> list[EnvManifest]:
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ManifestError(f"{source}: not valid TOML: {exc}") from None
+    table = data.get("tool", {}).get("molt", {}).get("env")
+    if table is None:
+        raise ManifestError(f"{source}: no [tool.molt.env] table; add one with at least 'id' and 'entry_point'")
+    return parse_manifests(table, f"{source} [tool.molt.env]")
+
+
+def read_pyproject_manifests(path: str | Path) -> list[EnvManifest]:
+    path = Path(path)
+    return manifests_from_pyproject(path.read_text(), str(path))
+
+
+def manifest_json_schema() -> dict[str, Any]:
+    return EnvManifest.model_json_schema()

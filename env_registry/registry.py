@@ -1,0 +1,236 @@
+"""``register`` / ``spec`` / ``make`` with Gymnasium's version rules, fed lazily by ``molt.envs`` entry points.
+
+Discovery reads entry-point names and the ``[tool.molt.env]`` manifests shipped in each distribution's metadata;
+no env module is imported until ``make()`` (or ``load()``) asks for that one env.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import importlib.metadata as metadata
+import threading
+import warnings
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from env_registry.errors import (
+    DeprecatedEnv,
+    DeprecatedEnvWarning,
+    ManifestError,
+    NameNotFound,
+    NamespaceNotFound,
+    PackageVersionMismatch,
+    RegistrationError,
+    VersionNotFound,
+)
+from env_registry.ids import EnvId, parse_env_id
+from env_registry.manifest import EnvManifest, EnvSpec, manifests_from_pyproject
+
+ENTRY_POINT_GROUP = "molt.envs"
+MANIFEST_METADATA_PATH = "extra_metadata/molt/pyproject.toml"
+
+
+class Registry(Mapping[str, EnvSpec]):
+    """All known env specs by ID. Entry points are read on first access; ``register`` adds more at run time."""
+
+    def __init__(self) -> None:
+        self._specs: dict[str, EnvSpec] = {}
+        self._discovered = False
+        self._lock = threading.RLock()
+
+    # -- Mapping (read-only view) --
+    def __getitem__(self, env_id: str) -> EnvSpec:
+        self._discover()
+        return self._specs[env_id]
+
+    def __iter__(self) -> Iterator[str]:
+        self._discover()
+        return iter(list(self._specs))
+
+    def __len__(self) -> int:
+        self._discover()
+        return len(self._specs)
+
+    # -- registration --
+    def register(self, env_id: str, entry_point: str, **fields: Any) -> EnvSpec:
+        parsed = parse_env_id(env_id)
+        if parsed.pin is not None:
+            raise RegistrationError(f"cannot register {env_id!r} with a package pin; register {parsed.unpinned!r}")
+        try:
+            spec = EnvSpec(id=env_id, entry_point=entry_point, **fields)
+        except Exception as exc:
+            raise RegistrationError(f"cannot register {env_id!r}: {exc}") from None
+        self._discover()
+        self._add(spec, explicit=True)
+        return spec
+
+    def _add(self, spec: EnvSpec, explicit: bool) -> None:
+        parsed = parse_env_id(spec.id)
+        with self._lock:
+            for other_id in self._specs:
+                other = parse_env_id(other_id)
+                if other.base == parsed.base and (other.version is None) != (parsed.version is None):
+                    raise RegistrationError(
+                        f"cannot register {spec.id!r}: {other_id!r} is already registered, and an env cannot have both "
+                        f"an unversioned and a versioned ID; register it as '{parsed.base}-vN'"
+                    )
+            if spec.id in self._specs:
+                old = self._specs[spec.id]
+                if not explicit:  # two installed packages claim one ID: the first found wins
+                    warnings.warn(f"env {spec.id!r} from package {spec.package!r} is shadowed by package "
+                                  f"{old.package!r}; uninstall one of them", stacklevel=3)
+                    return
+                warnings.warn(f"overriding the registration of {spec.id!r} ({old.entry_point} -> {spec.entry_point})",
+                              stacklevel=3)
+            self._specs[spec.id] = spec
+
+    def _discover(self) -> None:
+        if self._discovered:
+            return
+        with self._lock:
+            if self._discovered:
+                return
+            self._discovered = True
+            manifests: dict[str, dict[str, EnvManifest]] = {}
+            for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+                dist = ep.dist
+                name = dist.metadata["Name"] if dist is not None else None
+                if name not in manifests:
+                    manifests[name] = _dist_manifests(dist)
+                manifest = manifests[name].get(ep.name)
+                fields = manifest.model_dump() if manifest is not None else {"id": ep.name}
+                fields["entry_point"] = ep.value  # the entry point is authoritative for what to import
+                try:
+                    spec = EnvSpec(**fields, package=name, package_version=dist.version if dist else None)
+                    self._add(spec, explicit=False)
+                except Exception as exc:  # one broken package must not hide every other env
+                    warnings.warn(f"skipping env {ep.name!r} from package {name!r}: {exc}", stacklevel=2)
+
+    # -- lookup --
+    def spec(self, env_id: str) -> EnvSpec:
+        if ":" in env_id:  # "some.module:ns/name-v1" imports the module (which registers) first
+            module, env_id = env_id.split(":", 1)
+            try:
+                importlib.import_module(module)
+            except ImportError as exc:
+                raise NameNotFound(f"could not import module {module!r} to register {env_id!r}: {exc}") from exc
+        self._discover()
+        parsed = parse_env_id(env_id)
+        spec = self._specs.get(parsed.unpinned)
+        if spec is None and parsed.version is None:
+            versions = self._versions(parsed)
+            if versions:
+                latest = f"{parsed.base}-v{max(versions)}"
+                warnings.warn(f"using the latest version {latest!r} for the unversioned ID {parsed.base!r}; "
+                              "pin a version for reproducible runs", DeprecatedEnvWarning, stacklevel=3)
+                spec = self._specs[latest]
+        if spec is None:
+            self._raise_not_found(parsed)
+        versions = self._versions(parsed)
+        if parsed.version is not None and versions and parsed.version < max(versions):
+            warnings.warn(f"{parsed.unpinned!r} is out of date; consider {parsed.base}-v{max(versions)}",
+                          DeprecatedEnvWarning, stacklevel=3)
+        if parsed.pin is not None and spec.package_version != parsed.pin:
+            raise PackageVersionMismatch(
+                f"{env_id!r} pins package version {parsed.pin}, but {spec.id!r} comes from "
+                f"{spec.package or 'a run-time registration'} {spec.package_version or '(no package version)'}; "
+                f"run `molt-env install {parsed}` to install that version"
+            )
+        return spec
+
+    def _versions(self, parsed: EnvId) -> list[int]:
+        found = (parse_env_id(i) for i in self._specs)
+        return [e.version for e in found if e.base == parsed.base and e.version is not None]
+
+    def _raise_not_found(self, parsed: EnvId) -> None:
+        known = [parse_env_id(i) for i in self._specs]
+        namespaces = sorted({e.namespace for e in known if e.namespace})
+        if parsed.namespace is not None and parsed.namespace not in namespaces:
+            raise NamespaceNotFound(f"namespace {parsed.namespace!r} not found.{_did_you_mean(parsed.namespace, namespaces)}"
+                                    f" Install the package that provides it, or see `molt-env list`.")
+        names = sorted({e.name for e in known if e.namespace == parsed.namespace})
+        if parsed.name not in names:
+            where = f" in namespace {parsed.namespace!r}" if parsed.namespace else ""
+            raise NameNotFound(f"env {parsed.base!r} not found{where}.{_did_you_mean(parsed.name, names)}"
+                               f" See `molt-env list` for every registered ID.")
+        versions = sorted(self._versions(parsed))
+        has_default = parsed.base in self._specs
+        if not versions and has_default:
+            raise DeprecatedEnv(f"{parsed.unpinned!r} does not exist; {parsed.base!r} is registered without a version")
+        if parsed.version > max(versions):
+            listed = ", ".join(f"v{v}" for v in versions)
+            raise VersionNotFound(f"version v{parsed.version} of {parsed.base!r} does not exist; available: {listed}")
+        raise DeprecatedEnv(f"{parsed.unpinned!r} is deprecated and no longer registered; use "
+                            f"'{parsed.base}-v{max(versions)}'")
+
+    def load(self, env_id: str) -> type:
+        """Import and return the class an ID's entry point names."""
+        spec = self.spec(env_id)
+        module_name, _, attr = spec.entry_point.partition(":")
+        try:
+            obj: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                obj = getattr(obj, part)
+        except (ImportError, AttributeError) as exc:
+            raise RegistrationError(f"entry point {spec.entry_point!r} of {spec.id!r} cannot be loaded: {exc}") from exc
+        return obj
+
+    def make(self, env_id: str, **kwargs: Any) -> Any:
+        """A fresh instance of the env; ``kwargs`` overlay the spec's ``kwargs``."""
+        spec = self.spec(env_id)
+        cls = self.load(env_id)
+        merged = {**spec.kwargs, **kwargs}
+        instance = cls(**merged)
+        instance.spec = spec.model_copy(update={"kwargs": merged}) if kwargs else spec
+        return instance
+
+
+def _dist_manifests(dist: metadata.Distribution | None) -> dict[str, EnvManifest]:
+    if dist is None:
+        return {}
+    text = dist.read_text(MANIFEST_METADATA_PATH)
+    if text is None:
+        return {}
+    try:
+        found = manifests_from_pyproject(text, f"{dist.metadata['Name']} {dist.version}")
+    except ManifestError as exc:
+        warnings.warn(str(exc), stacklevel=3)
+        return {}
+    return {m.id: m for m in found}
+
+
+def _did_you_mean(word: str, choices: list[str]) -> str:
+    close = difflib.get_close_matches(word, choices, n=1)
+    return f" Did you mean {close[0]!r}?" if close else ""
+
+
+registry = Registry()
+
+
+def register(env_id: str, entry_point: str, **fields: Any) -> EnvSpec:
+    return registry.register(env_id, entry_point, **fields)
+
+
+def spec(env_id: str) -> EnvSpec:
+    return registry.spec(env_id)
+
+
+def make(env_id: str, **kwargs: Any) -> Any:
+    return registry.make(env_id, **kwargs)
+
+
+def pprint_registry(print_output: bool = True) -> str:
+    """Every registered ID grouped by namespace, versions together."""
+    groups: dict[str, list[str]] = {}
+    for env_id in sorted(registry):
+        groups.setdefault(parse_env_id(env_id).namespace or "(no namespace)", []).append(env_id)
+    lines = []
+    for namespace, ids in groups.items():
+        lines.append(f"===== {namespace} =====")
+        lines.extend(f"  {i}  [{registry[i].kind}, {registry[i].package or 'registered at run time'} "
+                     f"{registry[i].package_version or ''}]".rstrip() for i in ids)
+    text = "\n".join(lines) if lines else "no environments registered"
+    if print_output:
+        print(text)
+    return text

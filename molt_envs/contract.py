@@ -1,0 +1,150 @@
+"""The agent contract: what an environment author writes against.
+
+Two shapes, one result type:
+
+- ``Env``: the framework owns the LLM loop. Each turn the runner generates an action and calls
+  ``await env.step(state)``; the env answers with a ``Result`` (Gymnasium's step tuple plus extras).
+- ``ChatAgent``: the author owns the loop and talks to the policy through a stock OpenAI or Anthropic SDK
+  pointed at ``ctx.base_url`` / ``ctx.session_url``; ``run(ctx)`` returns the final ``Result``.
+
+A fresh ``Env``/``ChatAgent`` instance lives for exactly one episode.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field, replace
+from typing import Any, TypedDict
+
+
+@dataclass
+class SamplingParams:
+    """Sampling parameters pinned on every generate call (engines never fill them from model defaults)."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: no top-k filtering
+    max_tokens: int = 256
+    min_tokens: int = 0
+    stop_token_ids: list[int] | None = None  # None: the tokenizer's end-of-sequence tokens
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k!r}")
+        if self.max_tokens < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens!r}")
+
+    def updated(self, **changes: Any) -> SamplingParams:
+        return replace(self, **changes)
+
+    @classmethod
+    def coerce(cls, value: SamplingParams | dict | None, base: SamplingParams | None = None) -> SamplingParams:
+        """Accept a SamplingParams, a dict of overrides on ``base``, or None (keep ``base``)."""
+        base = base or cls()
+        if value is None:
+            return base
+        if isinstance(value, SamplingParams):
+            return value
+        if isinstance(value, dict):
+            return replace(base, **value)
+        raise TypeError(f"sampling_params must be SamplingParams, dict or None, got {type(value).__name__}")
+
+
+@dataclass
+class Result:
+    """What ``Env.step`` and ``ChatAgent.run`` return."""
+
+    reward: float = 0.0
+    observation: str = ""
+    terminated: bool = True
+    truncated: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    score: float | None = None  # dynamic filtering / dashboards; defaults to reward
+    images: list[Any] | None = None  # next-turn images (PIL images)
+    sampling_params: SamplingParams | dict | None = None  # replaces the params of later turns
+
+    def __post_init__(self) -> None:
+        self.reward = _scalar("reward", self.reward)
+        self.score = self.reward if self.score is None else _scalar("score", self.score)
+        if not isinstance(self.observation, str):
+            raise TypeError(f"Result.observation must be str, got {type(self.observation).__name__}")
+        if not isinstance(self.info, dict):
+            raise TypeError(f"Result.info must be a dict, got {type(self.info).__name__}")
+
+
+def _scalar(name: str, value: Any) -> float:
+    """Reduce a number or a one-element tensor/array to a finite float."""
+    if value is None:
+        raise TypeError(f"Result.{name} must be a number, got None")
+    if hasattr(value, "reshape") and hasattr(value, "tolist"):  # torch tensor / numpy array, without importing them
+        flat = value.reshape(-1).tolist()
+        if not flat:
+            raise ValueError(f"Result.{name} is an empty tensor")
+        value = flat[0]
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"Result.{name} must be a number, got {value!r}") from None
+    if not math.isfinite(number):
+        raise ValueError(f"Result.{name} must be finite, got {number!r}")
+    return number
+
+
+class StepState(TypedDict):
+    """What ``Env.step`` receives each turn."""
+
+    observation_text: str  # the whole context so far, as text
+    action_text: str  # the model's latest generation (special tokens kept)
+    label: Any
+    sampling_params: SamplingParams  # a copy of this turn's params
+    turn: int  # 0-based turn index
+    images: list[Any]  # every image in the context so far
+
+
+class Env(ABC):
+    """Gymnasium-style environment whose LLM loop the framework drives.
+
+    ``reset`` is optional: it receives ``{"observation": prompt, "label": label, "images": images}`` and returns
+    the same shape; its ``"observation"`` becomes the first model input. ``step`` grades/advances one turn.
+    """
+
+    spec: Any = None  # the registry stamps the EnvSpec it was made from
+
+    async def reset(self, state: dict[str, Any]) -> dict[str, Any]:
+        return state
+
+    @abstractmethod
+    async def step(self, state: StepState) -> Result: ...
+
+
+@dataclass
+class ChatContext:
+    """Everything a ``ChatAgent`` gets for one rollout."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
+    prompt: str  # the last user turn's text
+    label: Any
+    images: list[Any] | None
+    base_url: str  # OpenAI client: http://host:port/s/<sid>/v1
+    session_url: str  # Anthropic client (it appends /v1/messages itself): http://host:port/s/<sid>
+    model_name: str
+    api_key: str
+    session_id: str
+    sampling_params: SamplingParams
+    max_length: int
+
+
+class ChatAgent(ABC):
+    """An agent that owns its loop and calls the policy through the OpenAI or Anthropic wire."""
+
+    spec: Any = None
+
+    @abstractmethod
+    async def run(self, ctx: ChatContext) -> Result: ...

@@ -1,0 +1,1 @@
+"""Reward graders shared by built-in environments."""

@@ -1,0 +1,158 @@
+"""Runners turn one prompt into one rollout through an ``Engine``.
+
+``StepEnvRunner`` drives an ``Env``: generate over the exact accumulated token ids, hand the decoded action to
+``env.step``, append the env's observation as masked tokens, repeat until the env terminates, truncates, or the
+context budget runs out. A failure anywhere in the episode ends that episode with ``Trajectory.failure`` set; it
+never propagates out of ``execute``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import sys
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from molt_envs.contract import Env, Result, SamplingParams
+from molt_envs.engine import Engine
+from molt_envs.trajectory import Trajectory
+
+# Tokenizers run off the event loop on their own pool, so a busy default executor can never starve them.
+_TOKENIZE_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="molt-tokenize")
+
+
+async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
+    return await asyncio.get_running_loop().run_in_executor(_TOKENIZE_POOL, fn, *args)
+
+
+def render_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: list[dict] | None = None) -> str:
+    """A message list goes through the model's chat template; a string is taken as already rendered."""
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list):
+        return tokenizer.apply_chat_template(prompt, tools=tools, add_generation_prompt=True, tokenize=False)
+    raise TypeError(f"prompt must be a str or a list of chat messages, got {type(prompt).__name__}")
+
+
+class Runner(ABC):
+    """Runs one rollout. ``AgentRunner`` in an agent file (``--train.agent_path``) subclasses this."""
+
+    env_id: str | None = None
+    spec_hash: str | None = None
+
+    @abstractmethod
+    async def execute(
+        self,
+        prompt: str | list[dict[str, Any]],
+        label: Any,
+        sampling_params: SamplingParams,
+        max_length: int,
+        tokenizer: Any,
+        engine: Engine,
+        images: list[Any] | None = None,
+        tools: list[dict[str, Any]] | None = None,
+    ) -> Trajectory | list[Trajectory]: ...
+
+    def _new_trajectory(self, prompt: Any, label: Any, images: list[Any] | None) -> Trajectory:
+        return Trajectory(prompt=prompt, label=label, images=list(images or []), env_id=self.env_id,
+                          spec_hash=self.spec_hash)
+
+
+class StepEnvRunner(Runner):
+    """The framework-owned loop over an ``Env``; ``env_factory`` is called once per episode."""
+
+    def __init__(self, env_factory: Callable[[], Env], *, env_id: str | None = None, spec_hash: str | None = None,
+                 max_turns: int | None = None) -> None:
+        self.env_factory = env_factory
+        self.env_id = env_id
+        self.spec_hash = spec_hash
+        self.max_turns = max_turns
+
+    async def execute(self, prompt, label, sampling_params, max_length, tokenizer, engine, images=None, tools=None):
+        traj = self._new_trajectory(prompt, label, images)
+        stage = "make"
+        try:
+            env = self.env_factory()
+            if not isinstance(env, Env):
+                raise TypeError(f"env factory returned {type(env).__name__}, which is not a molt_envs.Env")
+            stage = "reset"
+            start = await env.reset({"observation": prompt, "label": label, "images": list(images or [])})
+            stage = "tokenize"
+            context = render_prompt(tokenizer, start["observation"], tools)
+            prompt_ids = await off_loop(_encode, tokenizer, context)
+            if len(prompt_ids) >= max_length:
+                raise ValueError(f"prompt is {len(prompt_ids)} tokens, which leaves no room under max_length={max_length}")
+            traj.append_observation(prompt_ids)
+            traj.prompt_len = len(prompt_ids)
+            await self._loop(env, traj, context, label, SamplingParams.coerce(sampling_params), max_length,
+                             tokenizer, engine)
+        except Exception as exc:  # failure isolation: the episode ends, the reason is recorded, nothing propagates
+            traj.failure = f"{stage}: {type(exc).__name__}: {exc}"
+        return traj
+
+    async def _loop(self, env, traj, context, label, params, max_length, tokenizer, engine) -> None:
+        reward = 0.0
+        turn = 0
+        while True:
+            budget = min(params.max_tokens, max_length - len(traj.token_ids))
+            if budget <= 0:
+                traj.truncated = True
+                break
+            gen = await engine.generate(list(traj.token_ids), params.updated(max_tokens=budget), traj.images or None)
+            traj.append_action(gen.token_ids, gen.log_probs, gen.finish_reason)
+            traj.truncated |= gen.finish_reason == "length"
+            action_text = await off_loop(_decode, tokenizer, gen.token_ids)
+            context += action_text
+            result = await env.step({"observation_text": context, "action_text": action_text, "label": label,
+                                     "sampling_params": params.updated(), "turn": turn, "images": list(traj.images)})
+            if not isinstance(result, Result):
+                raise TypeError(f"Env.step must return a molt_envs.Result, got {type(result).__name__}")
+            turn += 1
+            reward += result.reward
+            traj.score, traj.info = result.score, dict(result.info)
+            traj.truncated |= result.truncated
+            if result.images:
+                traj.images.extend(result.images)
+            if result.observation:
+                obs_ids = await off_loop(_encode, tokenizer, result.observation)
+                room = max_length - len(traj.token_ids)
+                if len(obs_ids) > room:
+                    obs_ids, traj.truncated = obs_ids[:room], True
+                traj.append_observation(obs_ids)
+                context += result.observation
+            params = SamplingParams.coerce(result.sampling_params, params)
+            if self.max_turns is not None and turn >= self.max_turns and not result.terminated:
+                traj.truncated = True
+            if result.terminated or traj.truncated:
+                break
+        traj.reward = reward
+        traj.num_turns = turn
+        if traj.score is None:
+            traj.score = reward
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def _decode(tokenizer: Any, ids: list[int]) -> str:
+    return tokenizer.decode(ids, skip_special_tokens=False)
+
+
+def load_agent_runner(path: str | Path) -> Runner:
+    """Load ``AgentRunner`` from a ``.py`` file (the seed's ``--train.agent_path`` contract)."""
+    path = Path(path)
+    if path.suffix != ".py" or not path.is_file():
+        raise FileNotFoundError(f"agent path {str(path)!r} must be an existing .py file that exports AgentRunner")
+    spec = importlib.util.spec_from_file_location("agent_module", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["agent_module"] = module
+    spec.loader.exec_module(module)
+    runner_cls = getattr(module, "AgentRunner", None)
+    if not (isinstance(runner_cls, type) and issubclass(runner_cls, Runner)):
+        raise TypeError(f"{path} must define `AgentRunner`, a subclass of molt_envs.Runner (StepEnvRunner or ChatAgentRunner)")
+    return runner_cls()

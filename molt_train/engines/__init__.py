@@ -1,0 +1,1 @@
+"""Rollout engines behind the molt_envs.Engine protocol: hf (transformers) and vllm (GPU)."""

@@ -1,0 +1,1 @@
+"""Model construction: tiny from-scratch models for CPU runs and tests."""
