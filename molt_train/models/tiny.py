@@ -41,14 +41,20 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, extra_special_tokens: list[str] | None = None) -> Any:
-    """A byte-level BPE tokenizer trained on ``texts``, wrapped as a transformers fast tokenizer with the template."""
+def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, extra_special_tokens: list[str] | None = None,
+                    split_digits: bool = False) -> Any:
+    """A byte-level BPE tokenizer trained on ``texts``, wrapped as a transformers fast tokenizer with the template.
+
+    ``split_digits`` keeps every digit its own token, which is what lets a tiny model learn arithmetic.
+    """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     specials = SPECIAL_TOKENS + list(extra_special_tokens or [])
     tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+                         if split_digits else byte_level)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
