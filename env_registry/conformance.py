@@ -18,7 +18,8 @@ def check(env_id: str) -> CheckReport:
         report = CheckReport(env_id)
         report.add("resolve id", False, str(exc))
         return report
-    report = CheckReport(f"{spec.id} ({spec.package or 'run-time registration'} {spec.package_version or ''})".strip())
+    origin = f"{spec.package} {spec.package_version}" if spec.package else "registered at run time"
+    report = CheckReport(f"{spec.id} ({origin})")
     try:
         cls = registry.load(spec.id)
     except Error as exc:

@@ -74,14 +74,14 @@ class StepEnvRunner(Runner):
 
     async def execute(self, prompt, label, sampling_params, max_length, tokenizer, engine, images=None, tools=None):
         traj = self._new_trajectory(prompt, label, images)
-        stage = "make"
+        stage = ["make"]  # where the episode is, for the failure reason
         try:
             env = self.env_factory()
             if not isinstance(env, Env):
                 raise TypeError(f"env factory returned {type(env).__name__}, which is not a molt_envs.Env")
-            stage = "reset"
+            stage[0] = "reset"
             start = await env.reset({"observation": prompt, "label": label, "images": list(images or [])})
-            stage = "tokenize"
+            stage[0] = "tokenize"
             context = render_prompt(tokenizer, start["observation"], tools)
             prompt_ids = await off_loop(_encode, tokenizer, context)
             if len(prompt_ids) >= max_length:
@@ -89,12 +89,12 @@ class StepEnvRunner(Runner):
             traj.append_observation(prompt_ids)
             traj.prompt_len = len(prompt_ids)
             await self._loop(env, traj, context, label, SamplingParams.coerce(sampling_params), max_length,
-                             tokenizer, engine)
+                             tokenizer, engine, stage)
         except Exception as exc:  # failure isolation: the episode ends, the reason is recorded, nothing propagates
-            traj.failure = f"{stage}: {type(exc).__name__}: {exc}"
+            traj.failure = f"{stage[0]}: {type(exc).__name__}: {exc}"
         return traj
 
-    async def _loop(self, env, traj, context, label, params, max_length, tokenizer, engine) -> None:
+    async def _loop(self, env, traj, context, label, params, max_length, tokenizer, engine, stage) -> None:
         reward = 0.0
         turn = 0
         while True:
@@ -102,11 +102,13 @@ class StepEnvRunner(Runner):
             if budget <= 0:
                 traj.truncated = True
                 break
+            stage[0] = "generate"
             gen = await engine.generate(list(traj.token_ids), params.updated(max_tokens=budget), traj.images or None)
             traj.append_action(gen.token_ids, gen.log_probs, gen.finish_reason)
             traj.truncated |= gen.finish_reason == "length"
             action_text = await off_loop(_decode, tokenizer, gen.token_ids)
             context += action_text
+            stage[0] = "step"
             result = await env.step({"observation_text": context, "action_text": action_text, "label": label,
                                      "sampling_params": params.updated(), "turn": turn, "images": list(traj.images)})
             if not isinstance(result, Result):
@@ -118,6 +120,7 @@ class StepEnvRunner(Runner):
             if result.images:
                 traj.images.extend(result.images)
             if result.observation:
+                stage[0] = "tokenize"
                 obs_ids = await off_loop(_encode, tokenizer, result.observation)
                 room = max_length - len(traj.token_ids)
                 if len(obs_ids) > room:

@@ -1,0 +1,63 @@
+"""Pure-tensor RL algorithms of the trainer: estimators, losses, KL, IS, rewards.
+
+Read in this order: ``estimators`` (rewards -> advantages), ``losses``
+(advantages -> per-token loss -> scalar), ``kl``, ``is_correction``,
+``rewards`` (shaping and dynamic filtering before the estimator).
+"""
+
+from molt_train.algorithms.estimators import (
+    ESTIMATORS,
+    AdvantageInputs,
+    get_estimator,
+    register_estimator,
+    whiten,
+)
+from molt_train.algorithms.is_correction import (
+    IS_LEVELS,
+    IS_MODES,
+    is_correction,
+    mismatch_metrics,
+    parse_threshold,
+    validate_is_config,
+)
+from molt_train.algorithms.kl import KL_ESTIMATORS, approx_kl
+from molt_train.algorithms.losses import (
+    LOSS_AGG_MODES,
+    POLICY_LOSSES,
+    aggregate,
+    get_policy_loss,
+    kl_loss,
+    ppo_loss,
+    register_policy_loss,
+    unit_token_counts,
+)
+from molt_train.algorithms.masked import masked_mean
+from molt_train.algorithms.rewards import RewardShaping, dynamic_filtering, shape_rewards
+
+__all__ = [
+    "ESTIMATORS",
+    "IS_LEVELS",
+    "IS_MODES",
+    "KL_ESTIMATORS",
+    "LOSS_AGG_MODES",
+    "POLICY_LOSSES",
+    "AdvantageInputs",
+    "RewardShaping",
+    "aggregate",
+    "approx_kl",
+    "dynamic_filtering",
+    "get_estimator",
+    "get_policy_loss",
+    "is_correction",
+    "kl_loss",
+    "masked_mean",
+    "mismatch_metrics",
+    "parse_threshold",
+    "ppo_loss",
+    "register_estimator",
+    "register_policy_loss",
+    "shape_rewards",
+    "unit_token_counts",
+    "validate_is_config",
+    "whiten",
+]

@@ -1,0 +1,168 @@
+"""Importance-sampling correction for the train/rollout log-prob mismatch.
+
+The rollout engine sampled each token with pi_rollout; the trainer's
+recomputed pi_old differs (other kernels, or a weight swap mid-request under
+async / partial rollout). The per-token ratio
+
+    u_t = exp(clamp(logp_old_t - logp_rollout_t, +-20))      (detached)
+
+is turned into a per-token weight that multiplies the per-token policy loss:
+
+- ``level``: the unit gated against the band [low, high]
+  ``off`` (weight 1), ``token`` (U = u_t), ``seq`` (U = exp(clamp(sum_t log u_t)))
+  or ``geo`` (U = exp(mean_t log u_t)), sums/means over the row's action tokens.
+- ``mode``: what happens to a unit outside the band
+  ``mask`` drops it (weight 0); a kept unit keeps the per-token weight u_t
+  (for seq/geo too: the sequence gate only decides keep or drop),
+  ``clip`` weight = clamp(U, low, high), ``trunc`` weight = min(U, high).
+  ``seq``/``geo`` are rejection filters and allow only ``mask``.
+- ``threshold``: ``(low, high)``, or a single value = upper bound only (low = 0).
+
+Named schemes: TIS = token+trunc, IcePop = token+mask, seq-mask-tis = geo+mask.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from molt_train.algorithms.kl import approx_kl
+from molt_train.algorithms.masked import masked_mean
+
+IS_LEVELS = ("off", "token", "seq", "geo")
+IS_MODES = ("mask", "clip", "trunc")
+LOG_RATIO_LIMIT = 20.0
+ALL_DROPPED_WARNING = 0.999
+
+logger = logging.getLogger(__name__)
+
+
+def parse_threshold(threshold: float | Sequence[float]) -> tuple[float, float]:
+    """``(low, high)`` from ``high`` or ``[low, high]``; requires 0 <= low < high."""
+    values = [float(threshold)] if isinstance(threshold, (int, float)) else list(threshold)
+    if len(values) == 1:
+        values = [0.0, values[0]]
+    if len(values) != 2 or not 0.0 <= values[0] < values[1]:
+        raise ValueError(
+            f"is_correction_threshold must be HIGH or LOW HIGH with 0 <= LOW < HIGH, "
+            f"got {threshold!r} (recipes use 0.99 1.01)"
+        )
+    return values[0], values[1]
+
+
+def validate_is_config(
+    level: str,
+    mode: str,
+    async_queue_size: int,
+    partial_rollout: bool,
+    top_p: float,
+    threshold: float | Sequence[float] | None = None,
+) -> None:
+    """Refuse IS-correction settings that would silently train on biased updates."""
+    if level not in IS_LEVELS:
+        raise ValueError(f"unknown is_correction_level {level!r}; choose one of {IS_LEVELS}")
+    if mode not in IS_MODES:
+        raise ValueError(f"unknown is_correction_mode {mode!r}; choose one of {IS_MODES}")
+    if level in ("seq", "geo") and mode != "mask":
+        raise ValueError(
+            f"is_correction_level {level!r} is a sequence rejection filter and needs "
+            f"is_correction_mode 'mask', got {mode!r}; use level 'token' for clip/trunc"
+        )
+    if level == "off" and (async_queue_size > 1 or partial_rollout):
+        raise ValueError(
+            f"async rollout (async_queue_size={async_queue_size}, "
+            f"partial_rollout={partial_rollout}) trains on off-policy samples; enable "
+            "is_correction_level (e.g. geo) or use async_queue_size 1 without partial rollout"
+        )
+    if level != "off" and top_p < 1.0:
+        raise ValueError(
+            f"IS correction needs rollout top_p 1.0, got {top_p}: nucleus renormalisation "
+            "biases the rollout log-probs; set top_p 1.0 or is_correction_level off"
+        )
+    if threshold is not None:
+        parse_threshold(threshold)
+
+
+def is_correction(
+    logp_old: Tensor,
+    logp_rollout: Tensor,
+    mask: Tensor,
+    *,
+    level: str,
+    mode: str,
+    threshold: float | Sequence[float] = (0.5, 5.0),
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Per-token IS weights (N, L), detached, 0 outside ``mask``, plus metrics.
+
+    ``is_filter_ratio``: the fraction of units (tokens for ``token``, rows with
+    action tokens for ``seq``/``geo``) outside the band, i.e. dropped (mask),
+    clamped (clip) or truncated (trunc, above ``high`` only). A warning is
+    logged when mask mode drops >= 99.9% of the units.
+    """
+    if level not in IS_LEVELS or mode not in IS_MODES:
+        raise ValueError(f"bad IS config level={level!r} mode={mode!r}; see validate_is_config")
+    zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    if level == "off":
+        return torch.where(mask, torch.ones_like(zeros), zeros), {"is_filter_ratio": zeros.sum()}
+    if level in ("seq", "geo") and mode != "mask":
+        raise ValueError(f"is_correction_level {level!r} needs mode 'mask', got {mode!r}")
+    low, high = parse_threshold(threshold)
+
+    log_u = torch.where(mask, (logp_old - logp_rollout).detach().float(), zeros)
+    log_u = torch.nan_to_num(log_u, nan=0.0).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    token_ratio = log_u.exp()
+
+    metrics: dict[str, Tensor] = {}
+    if level == "token":
+        unit, unit_mask = token_ratio, mask  # (N, L)
+    else:
+        seq_log = log_u.sum(1) if level == "seq" else masked_mean(log_u, mask, dim=1)
+        unit, unit_mask = seq_log.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp(), mask.any(1)  # (N,)
+        metrics["is_seq_ratio_mean"] = masked_mean(unit, unit_mask)
+    outside = unit > high if mode == "trunc" else (unit < low) | (unit > high)
+    filter_ratio = masked_mean(outside.float(), unit_mask)
+    metrics["is_filter_ratio"] = filter_ratio
+
+    if level != "token":  # seq/geo are mask-only: the gate decides, tokens keep u_t
+        weights = torch.where(outside[:, None], zeros, token_ratio)
+    elif mode == "mask":
+        weights = torch.where(outside, zeros, token_ratio)
+    elif mode == "clip":
+        weights = token_ratio.clamp(low, high)
+    else:
+        weights = token_ratio.clamp(max=high)
+    weights = torch.where(mask, weights, zeros)
+
+    if mode == "mask" and unit_mask.any() and filter_ratio >= ALL_DROPPED_WARNING:
+        logger.warning(
+            "IS correction (%s/%s, band [%g, %g]) dropped %.1f%% of units: almost nothing "
+            "trains this step; widen is_correction_threshold or check the weight sync",
+            level,
+            mode,
+            low,
+            high,
+            100 * float(filter_ratio),
+        )
+    return weights, metrics
+
+
+def mismatch_metrics(logp_train: Tensor, logp_rollout: Tensor, mask: Tensor) -> dict[str, Tensor]:
+    """How far the trainer's log-probs are from the rollout engine's, over valid tokens.
+
+    - ``mismatch/bitwise_frac``: fraction whose fp32 bytes differ (0 = bitwise equal)
+    - ``mismatch/abs_diff_mean``: mean |logp_train - logp_rollout|
+    - ``mismatch/k3_kl``: mean k3 estimate of KL(pi_rollout || pi_train)
+    - ``vllm_kl``: mean (logp_rollout - logp_train), signed (k1)
+    """
+    train = logp_train.detach().float()
+    rollout = logp_rollout.detach().float()
+    differs = train.view(torch.int32) != rollout.view(torch.int32)
+    return {
+        "mismatch/bitwise_frac": masked_mean(differs.float(), mask),
+        "mismatch/abs_diff_mean": masked_mean((train - rollout).abs(), mask),
+        "mismatch/k3_kl": masked_mean(approx_kl(rollout, train, "k3"), mask),
+        "vllm_kl": masked_mean(rollout - train, mask),
+    }
