@@ -69,7 +69,8 @@ async def _check(factory, rows, subject, kind, reward_range, deterministic) -> C
     report.add("dataset rows", bool(rows) and all("prompt" in r and "label" in r for r in rows),
                f"{len(rows)} sample rows" if rows else "no dataset rows to check against; declare a dataset split")
     if kind == "chat_agent":
-        report.add("run is async", inspect.iscoroutinefunction(type(first).run), "ChatAgent.run must be `async def`")
+        if report.add("run is async", inspect.iscoroutinefunction(type(first).run), "ChatAgent.run must be `async def`"):
+            await _check_chat_rows(report, factory, rows[:2], reward_range, deterministic)
         return report
     for i, row in enumerate(rows[:3]):
         await _check_row(report, factory, row, i, reward_range, deterministic)
@@ -84,6 +85,8 @@ async def _check_row(report, factory, row, i, reward_range, deterministic) -> No
     except Exception as exc:
         report.add(f"row {i}: reset", False, f"raised {type(exc).__name__}: {exc}")
         return
+    finally:
+        await env.close()
     ok = isinstance(start, dict) and isinstance(start.get("observation"), str | list)
     report.add(f"row {i}: reset", ok, "" if ok else f"reset must return a dict with an 'observation' str or message "
                f"list, got {start!r:.120}")
@@ -120,3 +123,45 @@ async def _step(factory, row, action) -> Result | Exception:
                                "label": row["label"], "sampling_params": SamplingParams(), "turn": 0, "images": []})
     except Exception as exc:
         return exc
+    finally:
+        await env.close()
+
+
+async def _check_chat_rows(report, factory, rows, reward_range, deterministic) -> None:
+    """Run the agent for real (its SDK, the session server, token capture) against a replay engine: it answers
+    every call with the row's reference completion, then with garbage."""
+    from molt_envs.chat_runner import ChatAgentRunner, close_session_servers
+    from molt_envs.replay_model import ByteChatTokenizer, ReplayEngine
+
+    lo, hi = reward_range
+    tokenizer, runner = ByteChatTokenizer(), ChatAgentRunner(factory)
+    params = SamplingParams(max_tokens=4096, temperature=1.0)
+    try:
+        for i, row in enumerate(rows):
+            actions = {"garbage completion": GARBAGE_ACTION}
+            if row.get("reference"):
+                actions = {"reference completion": str(row["reference"]), **actions}
+            for what, text in actions.items():
+                runs = []
+                for _ in range(2 if deterministic else 1):
+                    engine = ReplayEngine(tokenizer, text)
+                    runs.append(await runner.execute(row["prompt"], row["label"], params, 65536, tokenizer, engine))
+                segments = runs[0]
+                problems = [f"episode failed: {s.failure}" for s in segments[:1] if s.failure]
+                reward = segments[0].reward
+                if not problems:
+                    if not lo <= reward <= hi:
+                        problems.append(f"reward {reward} outside the declared reward_range [{lo}, {hi}]")
+                    bad = {k: v for k, v in segments[0].info.items() if not isinstance(v, int | float | bool)}
+                    if bad:
+                        problems.append(f"info values must be scalars for logging, got {bad!r:.120}")
+                    if what == "reference completion" and reward != hi:
+                        problems.append(f"the reference completion scored {reward}, expected the top of the range ({hi})")
+                    if deterministic and runs[1][0].reward != reward:
+                        problems.append(f"declared deterministic but rewards differ: {reward} vs {runs[1][0].reward}")
+                detail = "; ".join(problems) or (f"reward={reward}, {len(segments)} segment(s), "
+                                                 f"{sum(s.num_action_tokens for s in segments)} action tokens")
+                report.add(f"row {i}: {what} (through the session server)", not problems, detail)
+    finally:
+        await close_session_servers()
+

@@ -111,13 +111,18 @@ class Env(ABC):
     """Gymnasium-style environment whose LLM loop the framework drives.
 
     ``reset`` is optional: it receives ``{"observation": prompt, "label": label, "images": images}`` and returns
-    the same shape; its ``"observation"`` becomes the first model input. ``step`` grades/advances one turn.
+    the same shape; its ``"observation"`` becomes the first model input (a ``"tools"`` list of OpenAI function
+    schemas, if present, is rendered into the prompt by the chat template). ``step`` grades/advances one turn.
+    ``close`` runs once when the episode ends, however it ends: release sandboxes and other resources there.
     """
 
     spec: Any = None  # the registry stamps the EnvSpec it was made from
 
     async def reset(self, state: dict[str, Any]) -> dict[str, Any]:
         return state
+
+    async def close(self) -> None:
+        return None
 
     @abstractmethod
     async def step(self, state: StepState) -> Result: ...

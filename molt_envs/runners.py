@@ -75,6 +75,7 @@ class StepEnvRunner(Runner):
     async def execute(self, prompt, label, sampling_params, max_length, tokenizer, engine, images=None, tools=None):
         traj = self._new_trajectory(prompt, label, images)
         stage = ["make"]  # where the episode is, for the failure reason
+        env = None
         try:
             env = self.env_factory()
             if not isinstance(env, Env):
@@ -82,7 +83,7 @@ class StepEnvRunner(Runner):
             stage[0] = "reset"
             start = await env.reset({"observation": prompt, "label": label, "images": list(images or [])})
             stage[0] = "tokenize"
-            context = render_prompt(tokenizer, start["observation"], tools)
+            context = render_prompt(tokenizer, start["observation"], start.get("tools", tools))
             prompt_ids = await off_loop(_encode, tokenizer, context)
             if len(prompt_ids) >= max_length:
                 raise ValueError(f"prompt is {len(prompt_ids)} tokens, which leaves no room under max_length={max_length}")
@@ -92,6 +93,12 @@ class StepEnvRunner(Runner):
                              tokenizer, engine, stage)
         except Exception as exc:  # failure isolation: the episode ends, the reason is recorded, nothing propagates
             traj.failure = f"{stage[0]}: {type(exc).__name__}: {exc}"
+        finally:
+            if env is not None:
+                try:
+                    await env.close()
+                except Exception as exc:
+                    traj.failure = traj.failure or f"close: {type(exc).__name__}: {exc}"
         return traj
 
     async def _loop(self, env, traj, context, label, params, max_length, tokenizer, engine, stage) -> None:
