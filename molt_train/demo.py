@@ -1,3 +1,10 @@
+# NOTE FROM THE LEAD (learning recipe measured in a single-process prototype, 2 shared cores, 07:00 UTC):
+# molt/arith-v1 (its manifest now sets max_operand=20), digit-split tokenizer
+# (train_tokenizer(..., vocab_size=300, split_digits=True)), build_tiny_model(hidden_size=64, num_layers=2,
+# num_heads=4, num_kv_heads=2, intermediate_size=256). SFT: batch 128, AdamW lr 3e-3, 400 steps, assistant-only loss
+# -> held-out greedy accuracy 0.418. RL: GRPO, 32 prompts x 8 samples, temperature 1.0, max 6 new tokens, AdamW lr
+# 3e-4 betas (0.9, 0.99), one on-policy update per batch, 150 steps -> held-out accuracy 0.724 (+30.6 points).
+# lr 1e-3 for RL collapsed (0.42 -> 0.24). SFT ~85 s, RL ~105 s in that prototype under contention.
 """The embedded-default demo: a tiny model built from scratch runs GSM8K episodes through the hf engine.
 
 Nothing is downloaded: the tokenizer is trained on GSM8K text in a second and the model is randomly initialised, so
