@@ -1,17 +1,23 @@
-"""``molt-env``: list, inspect and check registered environments."""
+"""``molt-env``: list, inspect and check environments; scaffold, build, publish, serve, search, install and yank
+env packages."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import warnings
 from collections.abc import Sequence
+from pathlib import Path
 
 from env_registry.conformance import check
 from env_registry.datasets import count_rows
 from env_registry.errors import Error
+from env_registry.ids import parse_env_id
 from env_registry.registry import pprint_registry, registry
+
+SERVER_EXTRA = {"fastapi", "uvicorn", "httpx", "multipart", "python_multipart", "build", "hatchling"}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -36,9 +42,116 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    if (Path(args.target) / "pyproject.toml").is_file():
+        from env_registry.source_check import check_source
+
+        passed, text = check_source(args.target)
+        print(text)
+        return 0 if passed else 1
     report = check(args.target)
     print(report.render())
     return 0 if report.passed else 1
+
+
+def cmd_init(args: argparse.Namespace) -> int:
+    from env_registry.scaffold import init
+
+    root = init(args.directory, args.id, kind=args.kind, package=args.package)
+    print(f"created {root}: env {args.id} ({args.kind}); next: molt-env check {root} && molt-env build {root}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from env_registry.build import build
+
+    release = build(args.directory, args.out, isolated=args.isolated)
+    print(json.dumps({"package": release.name, "version": release.version, "env_ids": release.env_ids,
+                      "content_hash": release.content_hash, "wheel": str(release.wheel), "sdist": str(release.sdist)},
+                     indent=2))
+    return 0
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from env_registry.build import build
+    from env_registry.client import open_registry
+
+    target = open_registry(args.registry, args.token)
+    with tempfile.TemporaryDirectory(prefix="molt-publish-") as out:
+        release = build(args.directory, out)
+        info = target.publish(release, allow_same_content=args.allow_same_content)
+    print(f"published {info.package} {info.version} ({', '.join(info.env_ids)}) to {target}; "
+          f"content hash {info.content_hash[:16]}")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from env_registry.server import serve
+    from env_registry.store import LocalRegistry
+
+    if args.mint_token:
+        token_id, token = LocalRegistry(args.root).mint_token(args.mint_token)
+        print(f"minted token {token_id} for publisher {args.mint_token!r} (shown once): {token}", flush=True)
+    print(f"serving {Path(args.root).expanduser().resolve()} at http://{args.host}:{args.port}/ "
+          f"(simple index: /simple/, JSON API: /api/, docs: /docs){' [private]' if args.private else ''}", flush=True)
+    serve(args.root, args.host, args.port, private=args.private, max_upload_bytes=int(args.max_upload_mb * 2**20))
+    return 0
+
+
+def cmd_token(args: argparse.Namespace) -> int:
+    from env_registry.store import LocalRegistry
+
+    store = LocalRegistry(args.root)
+    if args.action == "mint":
+        token_id, token = store.mint_token(args.publisher)
+        print(f"token {token_id} for publisher {args.publisher!r} (store it now; only its hash is kept):\n{token}")
+    elif args.action == "revoke":
+        if args.id is None:
+            raise Error("give the id of the token to revoke (see `molt-env token list`)")
+        print(f"revoked token {store.revoke_token(args.id).id}")
+    else:
+        for token in store.tokens():
+            print(f"{token.id}\t{token.publisher}\t{'revoked' if token.revoked else 'active'}")
+    return 0
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    from env_registry.client import open_registry
+
+    found = open_registry(args.registry, args.token).search(args.query)
+    for package in found:
+        summary = package.releases[-1].summary if package.releases else ""
+        print(f"{package.name} {package.latest or '(all yanked)'}  {', '.join(package.env_ids)}  {summary}")
+    if not found:
+        print(f"nothing matches {args.query!r}")
+    return 0
+
+
+def cmd_install(args: argparse.Namespace) -> int:
+    from env_registry.client import open_registry
+    from env_registry.install import install
+
+    info = install(args.env_id, open_registry(args.registry, args.token), python=args.python)
+    if info.yanked:
+        print(f"warning: {info.package} {info.version} is yanked: {info.yanked_reason or '(no reason given)'}",
+              file=sys.stderr)
+    print(f"installed {info.package} {info.version} (provides {', '.join(info.env_ids)}; wheel sha256 "
+          f"{info.wheel.sha256[:16]} verified)")
+    return 0
+
+
+def cmd_yank(args: argparse.Namespace) -> int:
+    from env_registry.client import open_registry
+
+    if parse_env_id(args.env_id).pin is None:
+        raise Error(f"yank needs an exact package version: write '{args.env_id}@<version>'")
+    target = open_registry(args.registry, args.token)
+    info = target.resolve(args.env_id)
+    info = target.yank(info.package, info.version, args.reason)
+    print(f"yanked {info.package} {info.version}: {info.yanked_reason}; `molt-env install {args.env_id}` still "
+          "installs it, unpinned IDs skip it")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -51,6 +164,67 @@ def build_parser() -> argparse.ArgumentParser:
     chk = sub.add_parser("check", help="conformance check; exit 1 with a report on failure")
     chk.add_argument("target", help="an env ID, or a package source directory")
     chk.set_defaults(fn=cmd_check)
+
+    ini = sub.add_parser("init", help="scaffold a new env package")
+    ini.add_argument("directory")
+    ini.add_argument("--id", required=True, help="the env ID it provides, e.g. acme/echo-v1")
+    ini.add_argument("--kind", choices=["env", "chat_agent"], default="env")
+    ini.add_argument("--package", help="the distribution name (default: <namespace>-<name>)")
+    ini.set_defaults(fn=cmd_init)
+
+    bld = sub.add_parser("build", help="wheel + sdist + content hash, after validating the manifest")
+    bld.add_argument("directory")
+    bld.add_argument("--out", help="output directory (default: <directory>/dist)")
+    iso = bld.add_mutually_exclusive_group()
+    iso.add_argument("--isolated", action="store_true", default=None,
+                     help="always build in an isolated environment (needs the package index)")
+    iso.add_argument("--no-isolation", dest="isolated", action="store_false",
+                     help="build with this interpreter's backend (default when it has one)")
+    bld.set_defaults(fn=cmd_build)
+
+    def registry_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--registry", help="a directory or http(s) URL (default: $MOLT_REGISTRY or ~/.molt/registry)")
+        p.add_argument("--token", default=os.environ.get("MOLT_TOKEN"), help="registry token (default: $MOLT_TOKEN)")
+
+    pub = sub.add_parser("publish", help="build a source tree and publish it to a registry")
+    pub.add_argument("directory")
+    registry_args(pub)
+    pub.add_argument("--allow-same-content", action="store_true",
+                     help="publish even if an earlier version has identical content")
+    pub.set_defaults(fn=cmd_publish)
+
+    srv = sub.add_parser("serve", help="run the registry server over a registry directory")
+    srv.add_argument("--root", default=os.environ.get("MOLT_REGISTRY", "~/.molt/registry"))
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8080)
+    srv.add_argument("--private", action="store_true", help="reading needs a token too")
+    srv.add_argument("--max-upload-mb", type=float, default=100.0)
+    srv.add_argument("--mint-token", metavar="PUBLISHER", help="mint a publish token for PUBLISHER and print it")
+    srv.set_defaults(fn=cmd_serve)
+
+    tok = sub.add_parser("token", help="mint, list or revoke the publish tokens of a registry directory")
+    tok.add_argument("action", choices=["mint", "list", "revoke"])
+    tok.add_argument("id", nargs="?", type=int, help="token id (revoke)")
+    tok.add_argument("--root", default=os.environ.get("MOLT_REGISTRY", "~/.molt/registry"))
+    tok.add_argument("--publisher", default="default", help="who the token publishes as (mint)")
+    tok.set_defaults(fn=cmd_token)
+
+    sea = sub.add_parser("search", help="packages whose name, env IDs, description or tags match")
+    sea.add_argument("query")
+    registry_args(sea)
+    sea.set_defaults(fn=cmd_search)
+
+    ins = sub.add_parser("install", help="install the package providing an env ID (ns/name-vN[@version])")
+    ins.add_argument("env_id")
+    registry_args(ins)
+    ins.add_argument("--python", help="the interpreter to install into (default: this one)")
+    ins.set_defaults(fn=cmd_install)
+
+    yan = sub.add_parser("yank", help="yank a package version (ns/name-vN@version); exact pins still install it")
+    yan.add_argument("env_id")
+    registry_args(yan)
+    yan.add_argument("--reason", default="", help="shown to whoever installs it by pin")
+    yan.set_defaults(fn=cmd_yank)
     return parser
 
 
@@ -61,6 +235,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.fn(args)
     except Error as exc:
         print(f"molt-env {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name not in SERVER_EXTRA:
+            raise
+        print(f"molt-env {args.command}: needs {exc.name!r}; install it with pip install 'molt-ecosystem[server]'",
+              file=sys.stderr)
         return 2
 
 

@@ -1,0 +1,53 @@
+"""``molt-env install``: env ID -> package release -> verified wheel -> pip.
+
+The registry resolves the ID (newest non-yanked version, or the exact ``@pin``); the wheel is downloaded and its
+sha256 compared with the registry's index before pip sees it; then pip installs that local file into this
+interpreter (or ``--python``). pip is never given the registry as an index, so the package's dependencies come from
+pip's own configuration (PyPI by default) and nothing published here can stand in for one of them.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from env_registry.artifacts import file_sha256
+from env_registry.client import RegistryClient
+from env_registry.errors import Error
+from env_registry.store import LocalRegistry, ReleaseInfo
+
+PIP_TIMEOUT_S = 900
+
+
+class HashMismatch(Error):
+    """A downloaded file does not match the sha256 the registry's index lists for it."""
+
+
+class InstallError(Error):
+    """pip failed to install the release."""
+
+
+def install(env_id: str, registry: LocalRegistry | RegistryClient, python: str | None = None) -> ReleaseInfo:
+    """Install the package providing ``env_id`` (``ns/name-vN[@version]``); returns the release installed."""
+    info = registry.resolve(env_id)
+    wheel = info.wheel
+    with tempfile.TemporaryDirectory(prefix="molt-install-") as tmp:
+        path = registry.fetch(info, wheel, Path(tmp))
+        actual = file_sha256(path)
+        if actual != wheel.sha256:
+            raise HashMismatch(f"{wheel.filename} from {registry} has sha256 {actual}, but the index lists "
+                               f"{wheel.sha256}; refusing to install it (the file was changed after publishing)")
+        cmd = [python or sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
+               str(path)]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
+        except FileNotFoundError:
+            raise InstallError(f"python interpreter {cmd[0]!r} not found; pass --python /path/to/bin/python") from None
+        except subprocess.TimeoutExpired:
+            raise InstallError(f"`{' '.join(cmd)}` took longer than {PIP_TIMEOUT_S} s") from None
+        if proc.returncode != 0:
+            tail = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
+            raise InstallError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n" + "\n".join(tail))
+    return info

@@ -1,0 +1,239 @@
+"""``molt-env serve``: the registry server, a ``LocalRegistry`` behind FastAPI.
+
+- JSON API under ``/api/``: packages, versions, env IDs, manifests, hashes, yanked state; publishing and yanking
+  need a token (``Authorization: Bearer <token>``, or HTTP Basic with the token as password, which is what pip
+  sends for ``http://__token__:<token>@host/...``). Reading is open unless the server runs ``--private``.
+- ``/simple/``: a PEP 503 index of every package, with ``#sha256=`` fragments and PEP 592 ``data-yanked``;
+  use it only as ``pip install --index-url`` (never ``--extra-index-url``, see the README).
+- ``/p/<package>/simple/``: the same index scoped to one package. Any other project name is a 404 there, so when
+  it is added next to PyPI, dependencies of the package can only come from PyPI: nothing in this registry can
+  shadow them.
+- ``/files/<package>/<file>``: the release files.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import html
+import shutil
+import uuid
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, File, Form, Query, Request, UploadFile
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, Field
+
+from env_registry import names
+from env_registry.artifacts import InvalidArtifact, inspect_release
+from env_registry.errors import Error
+from env_registry.store import (
+    Conflict,
+    EnvIdInfo,
+    FileInfo,
+    Forbidden,
+    LocalRegistry,
+    NotFound,
+    PackageInfo,
+    ReleaseInfo,
+)
+
+DEFAULT_MAX_UPLOAD_BYTES = 100 << 20
+TOKEN_NEEDED = ("this needs a token: send 'Authorization: Bearer <token>' (mint one with "
+                "`molt-env token mint --root <registry root> --publisher <name>`)")
+
+
+class Unauthorized(Error):
+    """No credentials were sent (HTTP 401)."""
+
+
+STATUS = {Unauthorized: 401, NotFound: 404, Conflict: 409, Forbidden: 403}  # any other registry Error is a 400
+
+
+class YankRequest(BaseModel):
+    reason: str = Field(default="", max_length=1000)
+
+
+class Health(BaseModel):
+    ok: bool
+    private: bool
+
+
+bearer = HTTPBearer(auto_error=False, description="a publish token from `molt-env token mint`")
+
+
+def publisher(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
+    """The publisher of the request's token: 401 without a token, 403 with an unknown or revoked one."""
+    token = credentials.credentials if credentials else _basic_password(request.headers.get("authorization"))
+    if not token:
+        raise Unauthorized(TOKEN_NEEDED)
+    found = request.app.state.registry.token_publisher(token)
+    if found is None:
+        raise Forbidden("the token is unknown or revoked; mint a new one with `molt-env token mint`")
+    return found
+
+
+def reader(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
+    """Open reading, unless the server is private: then any active token may read."""
+    if request.app.state.private:
+        publisher(request, credentials)
+
+
+Reader = Annotated[None, Depends(reader)]
+Publisher = Annotated[str, Depends(publisher)]
+
+
+def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> FastAPI:
+    registry = LocalRegistry(root)
+    app = FastAPI(title="molt env registry", version="1")
+    app.state.registry = registry
+    app.state.private = private
+
+    @app.exception_handler(Error)
+    async def registry_error(request: Request, exc: Error) -> JSONResponse:
+        return _error(next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 400), str(exc))
+
+    @app.middleware("http")
+    async def limit_upload_size(request: Request, call_next: Any) -> Any:
+        if request.method in ("POST", "PUT", "PATCH"):
+            if "authorization" not in request.headers:  # refuse before reading (and spooling) any body
+                return _error(401, TOKEN_NEEDED)
+            length = request.headers.get("content-length")
+            if length is None or not length.isdigit():
+                return _error(411, "send a Content-Length header (chunked uploads are refused)")
+            if int(length) > max_upload_bytes:
+                return _error(413, f"the upload is {int(length)} bytes; this registry accepts at most "
+                                   f"{max_upload_bytes} bytes per request")
+        return await call_next(request)
+
+    @app.get("/api/health")
+    def health() -> Health:
+        return Health(ok=True, private=private)
+
+    @app.get("/api/packages")
+    def list_packages(_: Reader) -> list[PackageInfo]:
+        return registry.packages()
+
+    @app.get("/api/packages/{package}")
+    def get_package(package: str, _: Reader) -> PackageInfo:
+        return registry.package(package)
+
+    @app.get("/api/packages/{package}/{version}")
+    def get_release(package: str, version: str, _: Reader) -> ReleaseInfo:
+        return registry.release(package, version)
+
+    @app.get("/api/envs")
+    def list_env_ids(_: Reader) -> list[EnvIdInfo]:
+        return registry.env_ids()
+
+    @app.get("/api/search")
+    def search(_: Reader, q: Annotated[str, Query(max_length=200)] = "") -> list[PackageInfo]:
+        return registry.search(q)
+
+    @app.get("/api/resolve")
+    def resolve(env_id: Annotated[str, Query(max_length=300, description="e.g. acme/echo-v1 or acme/echo-v1@1.0.2")],
+                _: Reader) -> ReleaseInfo:
+        return registry.resolve(env_id)
+
+    @app.post("/api/packages", status_code=201)
+    def publish(wheel: Annotated[UploadFile, File()], sdist: Annotated[UploadFile, File()], who: Publisher,
+                allow_same_content: Annotated[bool, Form()] = False) -> ReleaseInfo:
+        staged = registry.staging / f"upload-{uuid.uuid4().hex}"
+        staged.mkdir()
+        try:
+            paths = []
+            for upload in (wheel, sdist):
+                names.distribution_file(upload.filename or "")
+                path = staged / str(upload.filename)
+                with path.open("wb") as f:
+                    shutil.copyfileobj(upload.file, f)
+                paths.append(path)
+            if len({p.name for p in paths}) != 2:
+                raise InvalidArtifact("upload one wheel and one sdist, with different file names")
+            return registry.publish(inspect_release(*paths), publisher=who, allow_same_content=allow_same_content)
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+
+    @app.post("/api/packages/{package}/{version}/yank")
+    def yank(package: str, version: str, body: YankRequest, who: Publisher) -> ReleaseInfo:
+        return registry.yank(package, version, body.reason, publisher=who)
+
+    @app.get("/simple/", response_class=HTMLResponse)
+    def simple_root(request: Request, _: Reader) -> HTMLResponse:
+        return _project_list(registry.packages(), request.scope.get("root_path", "") + "/simple")
+
+    @app.get("/simple/{project}/", response_class=HTMLResponse)
+    def simple_project(project: str, request: Request, _: Reader) -> Any:
+        return _project_page(registry, project, request, "/simple")
+
+    @app.get("/p/{package}/simple/", response_class=HTMLResponse)
+    def scoped_root(package: str, request: Request, _: Reader) -> HTMLResponse:
+        name = names.package_name(package)
+        return _project_list([registry.package(name)], f"{request.scope.get('root_path', '')}/p/{name}/simple")
+
+    @app.get("/p/{package}/simple/{project}/", response_class=HTMLResponse)
+    def scoped_project(package: str, project: str, request: Request, _: Reader) -> Any:
+        if names.package_name(project) != names.package_name(package):
+            raise NotFound(f"this index is scoped to {names.package_name(package)!r}; {project!r} is not served here")
+        return _project_page(registry, project, request, f"/p/{names.package_name(package)}/simple")
+
+    @app.get("/files/{package}/{filename}")
+    def download(package: str, filename: str, _: Reader) -> FileResponse:
+        return FileResponse(registry.file_path(package, filename), media_type="application/octet-stream")
+
+    return app
+
+
+def _error(status: int, detail: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": 'Basic realm="molt"'} if status == 401 else None
+    return JSONResponse({"detail": detail}, status, headers=headers)
+
+
+def _basic_password(header: str | None) -> str | None:
+    scheme, _, value = (header or "").partition(" ")
+    if scheme.lower() != "basic":
+        return None
+    try:
+        return base64.b64decode(value, validate=True).decode().partition(":")[2] or None
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+def _project_list(packages: list[PackageInfo], base: str) -> HTMLResponse:
+    links = "".join(f'<a href="{base}/{p.name}/">{p.name}</a><br>\n' for p in packages)
+    return HTMLResponse(_page("Simple index", links))
+
+
+def _project_page(registry: LocalRegistry, project: str, request: Request, base: str) -> Any:
+    name = names.package_name(project)
+    root = request.scope.get("root_path", "")
+    if name != project:  # PEP 503: redirect to the normalized name
+        return RedirectResponse(f"{root}{base}/{name}/", status_code=301)
+    links = []
+    for release in registry.package(name).releases:
+        for file in release.files:
+            links.append(_anchor(root, release, file))
+    return HTMLResponse(_page(f"Links for {name}", "".join(links)))
+
+
+def _anchor(root: str, release: ReleaseInfo, file: FileInfo) -> str:
+    attrs = ""
+    if release.requires_python:
+        attrs += f' data-requires-python="{html.escape(release.requires_python)}"'
+    if release.yanked:
+        attrs += f' data-yanked="{html.escape(release.yanked_reason or "")}"'
+    return f'<a href="{root}/{file.url}#sha256={file.sha256}"{attrs}>{html.escape(file.filename)}</a><br>\n'
+
+
+def _page(title: str, body: str) -> str:
+    return (f'<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0">'
+            f"<title>{html.escape(title)}</title></head>\n<body><h1>{html.escape(title)}</h1>\n{body}</body></html>\n")
+
+
+def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8080, private: bool = False,
+          max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(root, private, max_upload_bytes), host=host, port=port, log_level="warning")
