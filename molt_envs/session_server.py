@@ -1,0 +1,257 @@
+"""The OpenAI/Anthropic-compatible session server (FastAPI + uvicorn) in front of any ``Engine``.
+
+Routes:
+
+- ``POST /s/{session_id}/v1/chat/completions``: the OpenAI wire (``AsyncOpenAI(base_url=.../s/<sid>/v1)``).
+- ``POST /s/{session_id}/v1/messages``: the Anthropic wire (``AsyncAnthropic(base_url=.../s/<sid>)``).
+  Both answer JSON or, with ``"stream": true``, server-sent events in their own wire's format.
+- ``POST /sessions`` → ``{"session_id", "base_url", "session_url"}``; ``GET /sessions/{id}/trajectory`` → the
+  token-exact segments; ``DELETE /sessions/{id}``: what external harnesses and evaluators use.
+- ``GET /health``.
+
+Bad requests (unknown session, malformed JSON, wrong types, empty messages, oversized bodies) get a 4xx whose body
+says what was wrong; only an engine or server fault is a 5xx. Each chat response carries a ``Server-Timing`` header:
+``handler`` (ms from the request body's arrival to the response being ready) and ``engine`` (ms inside
+``Engine.generate``), so the server's own overhead per call can be measured.
+
+``SessionServer.start()`` serves on the *running* event loop (uvicorn, no signal handlers), which is how
+``ChatAgentRunner`` embeds it; ``molt-train serve`` runs it standalone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from molt_envs import wire_anthropic, wire_openai
+from molt_envs.contract import SamplingParams
+from molt_envs.engine import Engine
+from molt_envs.request_fields import session_params
+from molt_envs.sessions import BadRequest, ChatTemplate, Session, segment_json
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+class _Problem(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class SessionServer:
+    def __init__(self, engine: Engine, tokenizer: Any, *, host: str = "127.0.0.1", port: int = 0,
+                 model_name: str = "policy", params: SamplingParams | None = None, max_length: int | None = None,
+                 max_body_bytes: int = MAX_BODY_BYTES, max_sessions: int = 100_000,
+                 session_ttl_s: float | None = None) -> None:
+        self.engine = engine
+        self.template = ChatTemplate(tokenizer)
+        self.host, self.port = host, port
+        self.model_name = model_name
+        self.params = params or SamplingParams()
+        self.max_length = max_length or getattr(engine, "max_positions", None) or 32768
+        self.max_body_bytes = max_body_bytes
+        self.max_sessions = max_sessions
+        self.session_ttl_s = session_ttl_s  # None: sessions live until closed (ChatAgentRunner closes its own)
+        self._swept = time.monotonic()
+        self.sessions: dict[str, Session] = {}
+        self.app = self._build_app()
+        self.url: str | None = None  # http://host:port once started
+        self._server: uvicorn.Server | None = None
+        self._task: asyncio.Task | None = None
+
+    # -- sessions --
+    def open_session(self, *, params: SamplingParams | None = None, max_length: int | None = None,
+                     prompt: Any = None, label: Any = None) -> Session:
+        self._expire_idle()
+        if len(self.sessions) >= self.max_sessions:
+            raise _Problem(429, f"{len(self.sessions)} sessions are open (limit {self.max_sessions}); "
+                                "DELETE /sessions/{id} the finished ones")
+        positions = getattr(self.engine, "max_positions", None)  # a context limit longer than the model's is moot
+        max_length = min(max_length or self.max_length, positions or 1 << 62)
+        session = Session(self.engine, self.template, params=params or self.params, max_length=max_length,
+                          prompt=prompt, label=label)
+        self.sessions[session.session_id] = session
+        return session
+
+    def close_session(self, session_id: str) -> Session | None:
+        return self.sessions.pop(session_id, None)
+
+    def _expire_idle(self) -> None:
+        """Drop sessions idle for longer than ``session_ttl_s`` (checked at most every tenth of the TTL)."""
+        now = time.monotonic()
+        if self.session_ttl_s is None or now - self._swept < self.session_ttl_s / 10:
+            return
+        self._swept = now
+        for session_id in [i for i, s in self.sessions.items() if now - s.last_used > self.session_ttl_s]:
+            del self.sessions[session_id]
+
+    def urls(self, session_id: str, root: str | None = None) -> tuple[str, str]:
+        """``(base_url, session_url)``: the OpenAI client's base URL and the Anthropic client's."""
+        session_url = f"{(root or self.url or '').rstrip('/')}/s/{session_id}"
+        return f"{session_url}/v1", session_url
+
+    # -- serving --
+    async def start(self) -> str:
+        """Serve on the running event loop; returns the root URL (the real port when ``port`` was 0)."""
+        if self._task is not None:
+            return self.url
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        # IPPROTO_TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say TCP (else Nagle + delayed ACK add ~40 ms)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((self.host, self.port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"the session server cannot listen on {self.host}:{self.port}: {exc}; pick another "
+                          "--host/--port (port 0 picks a free one)") from exc
+        sock.set_inheritable(True)
+        port = sock.getsockname()[1]
+        host = f"[{self.host}]" if family == socket.AF_INET6 else self.host
+        self.url = f"http://{'127.0.0.1' if self.host == '0.0.0.0' else host}:{port}"
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
+                                timeout_keep_alive=60)
+        self._server = _InLoopServer(config)
+        self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
+        while not self._server.started:
+            if self._task.done():
+                raise RuntimeError(f"the session server failed to start: {self._task.exception()!r}")
+            await asyncio.sleep(0.005)
+        return self.url
+
+    async def stop(self) -> None:
+        if self._server is not None and self._task is not None:
+            self._server.should_exit = True
+            with contextlib.suppress(Exception):
+                await self._task
+        self._server = self._task = None
+
+    # -- HTTP --
+    def _build_app(self) -> FastAPI:
+        app = FastAPI(title="molt session server", docs_url=None, redoc_url=None)
+
+        @app.get("/health")
+        async def health() -> dict[str, Any]:
+            return {"status": "ok", "sessions": len(self.sessions), "model": self.model_name}
+
+        # the two hot routes are plain Starlette routes: no FastAPI parameter solving on every call
+        async def openai_chat(request: Request) -> Response:
+            return await self._chat(request.path_params["session_id"], request, wire_openai)
+
+        async def anthropic_messages(request: Request) -> Response:
+            return await self._chat(request.path_params["session_id"], request, wire_anthropic)
+
+        app.add_route("/s/{session_id}/v1/chat/completions", openai_chat, methods=["POST"])
+        app.add_route("/s/{session_id}/v1/messages", anthropic_messages, methods=["POST"])
+
+        @app.post("/sessions")
+        async def create_session(request: Request) -> Response:
+            try:
+                raw = await self._read(request)
+                body = _json_object(raw) if raw.strip() else {}
+                params = self.params
+                if body.get("sampling_params") is not None:
+                    params = session_params(body["sampling_params"], self.params)
+                max_length = body.get("max_length")
+                if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
+                                               or max_length < 1):
+                    raise BadRequest(f"max_length must be a positive integer, got {json.dumps(max_length)[:80]}")
+                session = self.open_session(params=params, max_length=max_length)
+            except BadRequest as exc:
+                return JSONResponse(wire_openai.error(str(exc), 400), status_code=400)
+            except _Problem as exc:
+                return JSONResponse(wire_openai.error(str(exc), exc.status), status_code=exc.status)
+            base_url, session_url = self.urls(session.session_id, str(request.base_url))
+            return JSONResponse({"session_id": session.session_id, "base_url": base_url, "session_url": session_url})
+
+        @app.get("/sessions/{session_id}/trajectory")
+        async def trajectory(session_id: str) -> Response:
+            session = self.sessions.get(session_id)
+            if session is None:
+                return JSONResponse(wire_openai.error(_unknown(session_id), 404), status_code=404)
+            async with session.lock:  # a consistent snapshot, never half a turn
+                segments = [segment_json(s) for s in session.segments]
+            return JSONResponse({"session_id": session_id, "rollout_id": session.rollout_id, "segments": segments})
+
+        @app.delete("/sessions/{session_id}")
+        async def delete_session(session_id: str) -> Response:
+            if self.close_session(session_id) is None:
+                return JSONResponse(wire_openai.error(_unknown(session_id), 404), status_code=404)
+            return JSONResponse({"session_id": session_id, "deleted": True})
+
+        return app
+
+    async def _chat(self, session_id: str, request: Request, wire: Any) -> Response:
+        try:
+            session = self.sessions.get(session_id)
+            if session is None:
+                raise _Problem(404, _unknown(session_id))
+            raw = await self._read(request)
+            started = time.perf_counter()  # the server's own time starts once the client has sent the body
+            body = _json_object(raw)
+            include_usage = False
+            if wire is wire_openai:
+                chat, stream, include_usage = wire_openai.decode(body)
+            else:
+                chat, stream = wire_anthropic.decode(body)
+            reply = await session.turn(chat)
+        except _Problem as exc:
+            return JSONResponse(wire.error(str(exc), exc.status), status_code=exc.status)
+        except BadRequest as exc:
+            return JSONResponse(wire.error(str(exc), 400), status_code=400)
+        except Exception as exc:  # the engine or the server failed, not the request
+            return JSONResponse(wire.error(f"generation failed: {type(exc).__name__}: {exc}", 500), status_code=500)
+        if stream:
+            events = (wire_openai.encode_stream(reply, self.model_name, include_usage) if wire is wire_openai
+                      else wire_anthropic.encode_stream(reply, self.model_name))
+            response: Response = StreamingResponse(events, media_type="text/event-stream",
+                                                   headers={"cache-control": "no-cache"})
+        else:
+            response = JSONResponse(wire.encode(reply, self.model_name))
+        response.headers["server-timing"] = (f"handler;dur={(time.perf_counter() - started) * 1000:.3f}, "
+                                             f"engine;dur={reply.engine_s * 1000:.3f}")
+        return response
+
+    async def _read(self, request: Request) -> bytes:
+        declared = request.headers.get("content-length")
+        if declared and declared.isdigit() and int(declared) > self.max_body_bytes:
+            raise _Problem(413, f"request body is {declared} bytes; the limit is {self.max_body_bytes}")
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > self.max_body_bytes:
+                raise _Problem(413, f"request body exceeds the {self.max_body_bytes}-byte limit")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+
+class _InLoopServer(uvicorn.Server):
+    """uvicorn on someone else's event loop: it must not take over the process's signal handlers."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _unknown(session_id: str) -> str:
+    return f"unknown session {session_id!r}; open one with POST /sessions (or through ChatAgentRunner)"
+
+
+def _json_object(raw: bytes) -> dict[str, Any]:
+    try:
+        body = json.loads(raw)
+    except ValueError as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+

@@ -1,0 +1,127 @@
+"""The Anthropic Messages wire, decoded into the OpenAI message shape the chat template renders.
+
+``system`` becomes the first message; assistant ``tool_use`` blocks become ``tool_calls``; a user turn's
+``tool_result`` blocks become ``tool`` messages (in order, before the turn's remaining text); Anthropic tools become
+OpenAI function tools. Replies carry ``text`` and ``tool_use`` blocks; streaming uses Anthropic's event sequence.
+Honoured: ``max_tokens``, ``temperature``/``top_p``/``top_k`` (raw HTTP; recent SDKs no longer send them, so the
+session's ``SamplingParams`` apply), ``tool_choice`` ``{"type": "none"}``, ``stream``. ``thinking`` blocks in the
+history are dropped; image blocks are refused (400): the engine is text-only.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from molt_envs.request_fields import optional, optional_str, sampling_overrides, text_of
+from molt_envs.sessions import BadRequest, ChatRequest, Reply
+
+STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+
+
+def decode(body: dict[str, Any]) -> tuple[ChatRequest, bool]:
+    """``(request, stream)``."""
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("messages must be a non-empty list of {'role': 'user'|'assistant', 'content': ...}")
+    messages: list[dict[str, Any]] = []
+    system = body.get("system")
+    if system:
+        messages.append({"role": "system", "content": text_of(system, "system")})
+    for i, message in enumerate(raw):
+        messages += _messages(message, f"messages[{i}]")
+    tools = [_tool(t, i) for i, t in enumerate(optional(body, "tools", list, "a list of tools") or [])]
+    choice = optional(body, "tool_choice", dict, "an object") or {}
+    stream = bool(optional(body, "stream", bool, "a boolean"))
+    return ChatRequest(messages, tools or None, sampling_overrides(body, ("max_tokens",)),
+                       parse_tools=choice.get("type") != "none"), stream
+
+
+def _messages(message: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
+        raise BadRequest(f"{where} must be an object with role 'user' or 'assistant', got {json.dumps(message)[:80]}")
+    role, content = message["role"], message.get("content")
+    if isinstance(content, str):
+        return [{"role": role, "content": content}]
+    if not isinstance(content, list):
+        raise BadRequest(f"{where}.content must be a string or a list of content blocks")
+    texts, calls, results = [], [], []
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        at = f"{where}.content[{j}]"
+        if kind == "text":
+            if not isinstance(block.get("text"), str):
+                raise BadRequest(f"{at}.text must be a string")
+            texts.append(block["text"])
+        elif kind == "tool_use" and role == "assistant":
+            if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
+                raise BadRequest(f"{at} (tool_use) needs a string 'name' and an object 'input'")
+            calls.append({"id": optional_str(block.get("id"), f"{at}.id"), "type": "function", "function": {
+                "name": block["name"], "arguments": json.dumps(block.get("input", {}), ensure_ascii=False)}})
+        elif kind == "tool_result" and role == "user":
+            results.append({"role": "tool", "tool_call_id": optional_str(block.get("tool_use_id"), f"{at}.tool_use_id"),
+                            "content": text_of(block.get("content"), f"{at}.content")})
+        elif kind in ("thinking", "redacted_thinking"):
+            continue
+        else:
+            raise BadRequest(f"{at} has type {kind!r}, which a {role} message on this text server cannot carry; "
+                             "use text, tool_use (assistant) or tool_result (user) blocks")
+    if role == "assistant":
+        out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        if calls:
+            out["tool_calls"] = calls
+        return [out]
+    return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+
+
+def _tool(tool: Any, i: int) -> dict[str, Any]:
+    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or \
+            not isinstance(tool.get("input_schema", {}), dict) or not isinstance(tool.get("description", ""), str):
+        raise BadRequest(f"tools[{i}] must be {{'name': str, 'description': str, 'input_schema': {{...}}}}")
+    return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""),
+                                             "parameters": tool.get("input_schema", {"type": "object"})}}
+
+
+def _blocks(reply: Reply) -> list[dict[str, Any]]:
+    blocks: list[dict[str, Any]] = []
+    if reply.content or not reply.tool_calls:
+        blocks.append({"type": "text", "text": reply.content})
+    blocks += [{"type": "tool_use", "id": f"toolu_{c.id}", "name": c.name, "input": c.arguments}
+               for c in reply.tool_calls]
+    return blocks
+
+
+def encode(reply: Reply, model: str) -> dict[str, Any]:
+    return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model,
+            "content": _blocks(reply), "stop_reason": STOP_REASONS[reply.finish_reason], "stop_sequence": None,
+            "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens}}
+
+
+def encode_stream(reply: Reply, model: str) -> Iterator[str]:
+    """message_start, one start/delta/stop triple per content block, message_delta, message_stop."""
+    message = {**encode(reply, model), "content": [], "stop_reason": None,
+               "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": 0}}
+    yield _event("message_start", {"type": "message_start", "message": message})
+    for i, block in enumerate(_blocks(reply)):
+        if block["type"] == "text":
+            start, delta = {"type": "text", "text": ""}, {"type": "text_delta", "text": block["text"]}
+        else:
+            start = {**block, "input": {}}
+            delta = {"type": "input_json_delta", "partial_json": json.dumps(block["input"], ensure_ascii=False)}
+        yield _event("content_block_start", {"type": "content_block_start", "index": i, "content_block": start})
+        yield _event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta})
+        yield _event("content_block_stop", {"type": "content_block_stop", "index": i})
+    yield _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": STOP_REASONS[reply.finish_reason],
+                                   "stop_sequence": None}, "usage": {"output_tokens": reply.completion_tokens}})
+    yield _event("message_stop", {"type": "message_stop"})
+
+
+def _event(name: str, data: dict[str, Any]) -> str:
+    return f"event: {name}\ndata: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def error(message: str, status: int) -> dict[str, Any]:
+    kind = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large"}.get(status, "api_error")
+    return {"type": "error", "error": {"type": kind, "message": message}}

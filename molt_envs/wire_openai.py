@@ -1,0 +1,122 @@
+"""The OpenAI Chat Completions wire: decode a request into a ``ChatRequest``, encode a ``Reply`` (JSON or SSE).
+
+Honoured: ``messages`` (text content; ``tool_calls``, ``tool`` results), ``tools``, ``tool_choice`` ("none" turns
+parsing off), ``max_completion_tokens``/``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``n`` (1),
+``stream``, ``stream_options.include_usage``. Other fields (``stop`` strings, ``logprobs``, ...) are accepted and
+ignored: generation stops on tokens, and capture records log-probs anyway. Unset sampling fields take the session's
+``SamplingParams``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+from molt_envs.request_fields import optional, optional_str, sampling_overrides, text_of
+from molt_envs.sessions import BadRequest, ChatRequest, Reply
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def decode(body: dict[str, Any]) -> tuple[ChatRequest, bool, bool]:
+    """``(request, stream, include_usage)``."""
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise BadRequest("messages must be a non-empty list of chat messages")
+    messages = [_message(m, i) for i, m in enumerate(raw)]
+    tools = optional(body, "tools", list, "a list of function tools")
+    for i, tool in enumerate(tools or []):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
+                not isinstance(fn.get("parameters", {}), dict):
+            raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}")
+    if optional(body, "n", int, "1") not in (None, 1):
+        raise BadRequest(f"n must be 1 (one choice per call), got {body['n']}")
+    stream = bool(optional(body, "stream", bool, "a boolean"))
+    options = optional(body, "stream_options", dict, "an object") or {}
+    request = ChatRequest(messages, tools or None, sampling_overrides(body, ("max_completion_tokens", "max_tokens")),
+                          parse_tools=body.get("tool_choice") != "none")
+    return request, stream, bool(options.get("include_usage"))
+
+
+def _message(message: Any, i: int) -> dict[str, Any]:
+    where = f"messages[{i}]"
+    if not isinstance(message, dict):
+        raise BadRequest(f"{where} must be an object with 'role' and 'content', got {type(message).__name__}")
+    role = message.get("role")
+    if role not in ROLES:
+        raise BadRequest(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}")
+    out: dict[str, Any] = {"role": "system" if role == "developer" else role,
+                           "content": text_of(message.get("content"), f"{where}.content")}
+    calls = message.get("tool_calls")
+    if role == "assistant" and calls is not None:
+        if not isinstance(calls, list):
+            raise BadRequest(f"{where}.tool_calls must be a list, got {json.dumps(calls)[:80]}")
+        if calls:
+            out["tool_calls"] = [_tool_call(c, f"{where}.tool_calls[{j}]") for j, c in enumerate(calls)]
+    if role == "tool":
+        out["tool_call_id"] = optional_str(message.get("tool_call_id"), f"{where}.tool_call_id")
+    return out
+
+
+def _tool_call(call: Any, where: str) -> dict[str, Any]:
+    fn = call.get("function") if isinstance(call, dict) else None
+    arguments = fn.get("arguments", "{}") if isinstance(fn, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(arguments, str | dict):
+        raise BadRequest(f"{where} must be {{'id': ..., 'type': 'function', 'function': {{'name': str, "
+                         "'arguments': JSON string}}}}")
+    if isinstance(arguments, dict):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return {"id": optional_str(call.get("id"), f"{where}.id"), "type": "function",
+            "function": {"name": fn["name"], "arguments": arguments}}
+
+
+def _tool_calls(reply: Reply) -> list[dict[str, Any]]:
+    return [{"id": f"call_{c.id}", "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+            for c in reply.tool_calls]
+
+
+def _usage(reply: Reply) -> dict[str, int]:
+    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
+            "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+
+
+def encode(reply: Reply, model: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["content"] = reply.content or None
+        message["tool_calls"] = _tool_calls(reply)
+    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
+            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason,
+                                         "logprobs": None}], "usage": _usage(reply)}
+
+
+def encode_stream(reply: Reply, model: str, include_usage: bool) -> Iterator[str]:
+    """SSE ``chat.completion.chunk`` events: role, content, tool calls, finish reason, [usage], ``[DONE]``."""
+    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
+            "model": model}
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
+        return _event({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+
+    yield chunk({"role": "assistant", "content": ""})
+    if reply.content:
+        yield chunk({"content": reply.content})
+    for i, call in enumerate(_tool_calls(reply)):
+        yield chunk({"tool_calls": [{"index": i, **call}]})
+    yield chunk({}, reply.finish_reason)
+    if include_usage:
+        yield _event({**head, "choices": [], "usage": _usage(reply)})
+    yield "data: [DONE]\n\n"
+
+
+def _event(data: dict[str, Any]) -> str:
+    return f"data: {json.dumps(data, ensure_ascii=False)}\n\n"
+
+
+def error(message: str, status: int) -> dict[str, Any]:
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    return {"error": {"message": message, "type": kind, "param": None, "code": status}}
