@@ -43,6 +43,7 @@ class HFEngine:
         self._queue: asyncio.Queue[_Request] | None = None
         self._worker: asyncio.Task | None = None
         self.stats = {"batches": 0, "requests": 0, "generated_tokens": 0}
+        self.last_sync = {"wait_s": 0.0, "copy_s": 0.0, "bytes": 0}
 
     @classmethod
     def from_pretrained(cls, path: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, **kwargs: Any) -> HFEngine:
@@ -67,16 +68,23 @@ class HFEngine:
 
     # -- weights --
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
-        """Copy tensors into the model in place; returns the number of bytes moved."""
+        """Copy tensors into the model in place; returns the number of bytes moved.
+
+        ``last_sync`` records the two halves of the time: ``wait_s`` waiting for the decode batch in flight to
+        finish (the engine's weight lock), ``copy_s`` moving the bytes in.
+        """
         params = dict(self.model.named_parameters())
         params.update(dict(self.model.named_buffers()))
         moved = 0
+        start = time.perf_counter()
         with self._weights_lock, torch.no_grad():
+            locked = time.perf_counter()
             for name, tensor in named_tensors:
                 if name not in params:
                     raise KeyError(f"weight {name!r} does not exist in the engine's model")
                 params[name].copy_(tensor.to(params[name].device, params[name].dtype))
                 moved += tensor.numel() * tensor.element_size()
+        self.last_sync = {"wait_s": locked - start, "copy_s": time.perf_counter() - locked, "bytes": moved}
         return moved
 
     # -- batching --
@@ -126,7 +134,7 @@ class HFEngine:
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         params = [p for _, p in requests]
         stops = [set(p.stop_token_ids if p.stop_token_ids is not None else self.eos_token_ids) for p in params]
-        generators = [_generator(p.seed) for p in params]
+        generators = [_generator(p.seed, device) for p in params]
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         finish = ["length" if p.max_tokens == 0 else "" for p in params]
@@ -179,8 +187,8 @@ def _sample(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator 
     return token, float(logprobs[token])
 
 
-def _generator(seed: int | None) -> torch.Generator | None:
-    return torch.Generator().manual_seed(seed) if seed is not None else None
+def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
+    return torch.Generator(device=device).manual_seed(seed) if seed is not None else None
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

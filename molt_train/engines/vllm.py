@@ -1,0 +1,426 @@
+"""``VLLMEngine``: vLLM's async engine (v1 ``AsyncLLM``) behind the ``Engine`` protocol, for GPU rollouts.
+
+- Token ids in and out (no detokenisation); for every generated token the log-prob of that token under the
+  distribution it was sampled from, after temperature (vLLM ``logprobs_mode="processed_logprobs"``): with top_p 1
+  and top_k off (what IS correction requires) this is ``log_softmax(logits / T)``, the trainer's recompute; with
+  top-k/top-p on it is the renormalised truncated distribution.
+- The full sampling set is pinned on every request (temperature, top-p, top-k, min-p 0, penalties off, min/max
+  tokens, explicit stop ids with ``ignore_eos``, seed), so nothing comes from the checkpoint's generation config.
+- Weight sync without disk: tensors are packed into buckets (``weight_buckets``) and loaded through vLLM's own
+  ``model.load_weights`` in the engine's worker (``vllm_worker.WeightSyncExtension``), one RPC per bucket: CUDA
+  IPC when trainer and engine share the GPU, an NCCL broadcast from trainer rank 0 (``NcclWeightSender``) when
+  they do not. ``last_sync`` splits the time into ``wait_s`` (getting the engine to a safe point: pausing it
+  when requests are in flight) and ``copy_s`` (moving and loading the bytes).
+- ``check_weight_update_equal`` names every vLLM parameter whose synced value differs from the trainer's.
+- Partial rollout: a sync while requests are in flight pauses the engine (``mode="keep"``), loads, and resumes;
+  those requests continue on the new weights (``Generation.extra["weight_versions"]`` tells the trainer which
+  requests straddled a sync). Sleep/wake (``--vllm.enable_sleep``) frees the engine's memory for training.
+
+vLLM is optional: importing this module never imports it (only starting an engine does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import pickle
+import time
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+import torch
+
+from molt_envs import Generation, SamplingParams
+from molt_train.engines.weight_buckets import BUCKET_BYTES, pack, plan_buckets, share
+
+WORKER_EXTENSION = "molt_train.engines.vllm_worker.WeightSyncExtension"
+VLLM_INSTALL_HINT = ("--rollout.engine vllm needs vLLM (a CUDA build, e.g. vllm==0.24.0 with torch 2.11): "
+                     "pip install vllm, or use --rollout.engine hf")
+
+
+@dataclass
+class VLLMOptions:
+    """The ``--vllm.*`` flags (see ``VLLM_FLAGS``)."""
+
+    tensor_parallel_size: int = 1
+    data_parallel_size: int = 1
+    gpu_memory_utilization: float = 0.35
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = False
+    max_num_batched_tokens: int | None = None
+    max_num_seqs: int | None = None
+    max_model_len: int | None = None
+    dtype: str = "bfloat16"
+    mtp_num_speculative_tokens: int = 0
+    enable_sleep: bool = False
+    seed: int = 0
+    bucket_mb: int = BUCKET_BYTES >> 20
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "data_parallel_size", "bucket_mb"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--vllm.{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"--vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.mtp_num_speculative_tokens < 0:
+            raise ValueError(f"--vllm.mtp_num_speculative_tokens must be >= 0, got {self.mtp_num_speculative_tokens}")
+        if self.mtp_num_speculative_tokens and self.enable_prefix_caching:
+            raise ValueError("--vllm.mtp_num_speculative_tokens cannot be combined with --vllm.enable_prefix_caching; "
+                             "drop one of them")
+        if self.dtype not in ("bfloat16", "float16", "float32", "auto"):
+            raise ValueError(f"--vllm.dtype must be bfloat16, float16, float32 or auto, got {self.dtype!r}")
+
+    @classmethod
+    def from_namespace(cls, ns: Any) -> VLLMOptions:
+        """From the parsed ``cfg.vllm`` namespace (or any object with these attributes; missing ones keep defaults)."""
+        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})
+
+    @property
+    def bucket_bytes(self) -> int:
+        return self.bucket_mb << 20
+
+    def engine_kwargs(self, model: str) -> dict[str, Any]:
+        """Keyword arguments of ``vllm.AsyncEngineArgs``."""
+        kwargs: dict[str, Any] = {
+            "model": model,
+            "dtype": self.dtype,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "data_parallel_size": self.data_parallel_size,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "enforce_eager": self.enforce_eager,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "enable_sleep_mode": self.enable_sleep,
+            "seed": self.seed,
+            "logprobs_mode": "processed_logprobs",
+            "generation_config": "vllm",  # never take sampling defaults from the checkpoint
+            "worker_extension_cls": WORKER_EXTENSION,
+            "disable_log_stats": True,
+        }
+        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+            if getattr(self, name) is not None:
+                kwargs[name] = getattr(self, name)
+        if self.mtp_num_speculative_tokens:
+            kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": self.mtp_num_speculative_tokens}
+        return kwargs
+
+
+# (flag, type, default, help) rows in the format of molt_train.config's flag tables
+VLLM_FLAGS: list[tuple[str, Any, Any, str]] = [
+    ("--vllm.tensor_parallel_size", int, 1, "tensor-parallel GPUs per vLLM engine"),
+    ("--vllm.data_parallel_size", int, 1, "data-parallel vLLM replicas (single node)"),
+    ("--vllm.gpu_memory_utilization", float, 0.35, "fraction of GPU memory vLLM takes (weights + KV cache)"),
+    ("--vllm.enforce_eager", bool, False, "no CUDA graphs / torch.compile (faster start, slower decode)"),
+    ("--vllm.enable_prefix_caching", bool, False, "reuse KV of shared prefixes (reset at every weight sync)"),
+    ("--vllm.max_num_batched_tokens", int, None, "scheduler token budget per step"),
+    ("--vllm.max_num_seqs", int, None, "sequences decoded together at most"),
+    ("--vllm.max_model_len", int, None, "context length the engine allocates for (default: the model's)"),
+    ("--vllm.dtype", str, "bfloat16", "engine weight dtype"),
+    ("--vllm.mtp_num_speculative_tokens", int, 0, "MTP speculative tokens (0 = off; needs an MTP checkpoint)"),
+    ("--vllm.enable_sleep", bool, False, "free vLLM's GPU memory during training (sleep/wake each step)"),
+    ("--vllm.bucket_mb", int, BUCKET_BYTES >> 20, "weight-sync bucket size in MiB (one transfer per bucket)"),
+]
+
+
+def sampling_kwargs(params: SamplingParams, default_stop_ids: Sequence[int]) -> dict[str, Any]:
+    """Every field of the vLLM ``SamplingParams`` a request carries (the whole set, pinned)."""
+    stop = params.stop_token_ids if params.stop_token_ids is not None else default_stop_ids
+    return {
+        "n": 1,
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "top_k": params.top_k if params.top_k > 0 else 0,  # vLLM: 0 = off
+        "min_p": 0.0,
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0.0,
+        "repetition_penalty": 1.0,
+        "max_tokens": params.max_tokens,
+        "min_tokens": params.min_tokens,
+        "seed": params.seed,
+        "stop_token_ids": list(stop),
+        "ignore_eos": True,  # stop exactly on stop_token_ids, never on an eos id vLLM reads from the checkpoint
+        "logprobs": 0,  # the sampled token's log-prob only
+        "flat_logprobs": True,
+        "detokenize": False,
+        "skip_special_tokens": False,
+    }
+
+
+def sampled_logprobs(logprobs: Any, token_ids: Sequence[int]) -> list[float]:
+    """The log-prob of each sampled token from vLLM's per-position logprobs (flat or list of dicts)."""
+    if logprobs is None or len(logprobs) != len(token_ids):
+        got = "none" if logprobs is None else len(logprobs)
+        raise RuntimeError(f"vLLM returned {got} log-prob positions for {len(token_ids)} tokens; "
+                           "the engine must run with logprobs=0 on every request")
+    if hasattr(logprobs, "start_indices"):  # FlatLogprobs
+        out = []
+        for i, token in enumerate(token_ids):
+            for j in range(logprobs.start_indices[i], logprobs.end_indices[i]):
+                if logprobs.token_ids[j] == token:
+                    out.append(float(logprobs.logprobs[j]))
+                    break
+            else:
+                raise RuntimeError(f"vLLM returned no log-prob for sampled token {token} at position {i}")
+        return out
+    return [float(position[token].logprob) for position, token in zip(logprobs, token_ids, strict=True)]
+
+
+def eos_token_ids(model_path: str, tokenizer: Any) -> list[int]:
+    """End-of-sequence ids: the generation config's, the model config's and the tokenizer's."""
+    from transformers import AutoConfig, GenerationConfig
+
+    ids: list[int] = []
+    sources: list[Any] = [AutoConfig.from_pretrained(model_path)]
+    with contextlib.suppress(OSError):  # no generation_config.json
+        sources.append(GenerationConfig.from_pretrained(model_path))
+    for source in sources:
+        value = getattr(source, "eos_token_id", None)
+        ids.extend(value if isinstance(value, list) else [value] if value is not None else [])
+    if tokenizer.eos_token_id is not None:
+        ids.append(tokenizer.eos_token_id)
+    ids = list(dict.fromkeys(ids))
+    if not ids:
+        raise ValueError(f"{model_path}: neither the tokenizer nor the configs define an end-of-sequence token")
+    return ids
+
+
+class VLLMEngine:
+    """Construct once (blocks while vLLM starts, about a minute compiled); then use from one event loop."""
+
+    def __init__(self, model_path: str, options: VLLMOptions | None = None, *, tokenizer: Any = None) -> None:
+        try:
+            from vllm import AsyncEngineArgs
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise ImportError(f"{VLLM_INSTALL_HINT} ({exc})") from exc
+        from transformers import AutoTokenizer
+
+        self.model_path = model_path
+        self.options = options or VLLMOptions()
+        self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
+        self.stop_token_ids = eos_token_ids(model_path, self.tokenizer)
+        # a forked engine process cannot use CUDA once this process has (a colocated trainer always has)
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.options.engine_kwargs(model_path)))
+        self.weight_version = 0
+        self.stats = {"requests": 0, "generated_tokens": 0, "syncs": 0}
+        self.last_sync: dict[str, float] = {"wait_s": 0.0, "copy_s": 0.0, "bytes": 0, "buckets": 0}
+        self._ids = itertools.count()
+        self._inflight = 0
+        self._open: asyncio.Event | None = None  # cleared while a sync owns the engine
+        self._sync_lock: asyncio.Lock | None = None
+
+    # -- Engine protocol --
+    async def generate(self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None) -> Generation:
+        from vllm import SamplingParams as VSamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if images:
+            raise ValueError("the vllm engine takes text token prompts only; this build does not pass images to vLLM")
+        if not prompt_ids:
+            raise ValueError("prompt_ids is empty; an engine needs at least one token to condition on")
+        if params.max_tokens == 0:
+            return Generation([], [], "length", {"weight_versions": (self.weight_version, self.weight_version)})
+        await self._gate().wait()
+        request = VSamplingParams(**sampling_kwargs(params, self.stop_token_ids), output_kind=RequestOutputKind.FINAL_ONLY)
+        version = self.weight_version
+        self._inflight += 1
+        try:
+            final = None
+            async for output in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), request,
+                                                  f"molt-{next(self._ids)}"):
+                final = output  # FINAL_ONLY: one output, when the request is done
+        finally:
+            self._inflight -= 1
+        if final is None:
+            raise RuntimeError("vLLM ended the request without an output (engine shut down or request aborted)")
+        completion = final.outputs[0]
+        if completion.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM finished the request with {completion.finish_reason!r} (aborted or failed), "
+                               f"after {len(completion.token_ids)} tokens")
+        token_ids = list(completion.token_ids)
+        self.stats["requests"] += 1
+        self.stats["generated_tokens"] += len(token_ids)
+        return Generation(token_ids, sampled_logprobs(completion.logprobs, token_ids), completion.finish_reason,
+                          {"weight_versions": (version, self.weight_version)})
+
+    # -- weight sync --
+    async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Load CUDA tensors of this process (same GPU as the engine) through CUDA IPC; returns bytes moved."""
+        async def load() -> tuple[int, int]:
+            moved = buckets = 0
+            for bucket in pack(named_tensors, self.options.bucket_bytes):
+                await self._rpc("molt_load_ipc_bucket", share(bucket))
+                moved, buckets = moved + bucket.nbytes, buckets + 1
+                del bucket
+            torch.cuda.ipc_collect()
+            return moved, buckets
+
+        return await self._exclusive_sync(load)
+
+    async def load_shared_buckets(self, payloads: Sequence[bytes], nbytes: int) -> int:
+        """Load buckets another process on this GPU packed and shared (``weight_buckets.share``); the sharer keeps
+        them alive until this returns. ``nbytes``: their total payload, for ``last_sync``."""
+        async def load() -> tuple[int, int]:
+            for payload in payloads:
+                await self._rpc("molt_load_ipc_bucket", payload)
+            return nbytes, len(payloads)
+
+        return await self._exclusive_sync(load)
+
+    async def init_weight_group(self, host: str, port: int, world_size: int) -> list[int]:
+        """Join the NCCL group whose rank 0 is the trainer (``NcclWeightSender``, created concurrently)."""
+        return await self.llm.collective_rpc("molt_init_nccl", args=(host, port, 1, world_size))
+
+    async def receive_broadcast(self, plan: Sequence[tuple[bytes, int]]) -> int:
+        """Receive the buckets of ``NcclWeightSender.plan`` while the trainer broadcasts them, one RPC each."""
+        async def load() -> tuple[int, int]:
+            for metas, nbytes in plan:
+                await self._rpc("molt_receive_nccl_bucket", metas, nbytes)
+            return sum(nbytes for _, nbytes in plan), len(plan)
+
+        return await self._exclusive_sync(load)
+
+    async def check_weight_update_equal(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | None = None, *,
+                                        plan: Sequence[tuple[bytes, int]] | None = None) -> list[str]:
+        """Names of vLLM parameters whose current value differs (bitwise) from the trainer's, as
+        ``"stale: <name>"``, or that no trainer tensor reaches, as ``"uncovered: <name>"``. Empty = in sync.
+
+        The trainer's weights come again the way the sync brought them: ``named_tensors`` (CUDA IPC, this GPU) or
+        ``plan`` (NCCL: the trainer's ``NcclWeightSender.send`` must run concurrently). Costs one more load plus a
+        copy of the weights in engine memory; the engine is held meanwhile.
+        """
+        if (named_tensors is None) == (plan is None):
+            raise ValueError("pass exactly one of named_tensors (CUDA IPC) or plan (NCCL broadcast)")
+        found: list[str] = []
+
+        async def check() -> tuple[int, int]:
+            await self.llm.collective_rpc("molt_begin_check")
+            try:
+                if plan is not None:
+                    for metas, nbytes in plan:
+                        await self._rpc("molt_receive_nccl_bucket", metas, nbytes)
+                else:
+                    for bucket in pack(named_tensors, self.options.bucket_bytes):
+                        await self._rpc("molt_load_ipc_bucket", share(bucket))
+                        del bucket
+                    torch.cuda.ipc_collect()
+            finally:
+                reports = await self.llm.collective_rpc("molt_end_check")
+            found.extend(sorted({f"{kind}: {name}" for r in reports for kind in ("stale", "uncovered")
+                                 for name in r[kind]}))
+            return 0, 0
+
+        saved = dict(self.last_sync)
+        await self._exclusive_sync(check, bump=False)
+        self.last_sync = saved
+        return found
+
+    # -- pause / sleep --
+    async def pause(self) -> None:
+        """Freeze generation; requests in flight keep their KV cache and resume on ``resume``."""
+        await self.llm.pause_generation(mode="keep", clear_cache=False)
+
+    async def resume(self) -> None:
+        if self.options.enable_prefix_caching:  # cached prefixes were computed with the old weights
+            await self.llm.reset_prefix_cache(reset_running_requests=True)
+        await self.llm.resume_generation()
+
+    async def sleep(self, level: int = 1) -> None:
+        """Free the engine's GPU memory (level 1: weights to CPU, KV cache dropped); needs --vllm.enable_sleep."""
+        if not self.options.enable_sleep:
+            raise RuntimeError("sleep needs an engine started with --vllm.enable_sleep")
+        await self.llm.sleep(level)
+
+    async def wake_up(self) -> None:
+        await self.llm.wake_up()
+
+    def shutdown(self) -> None:
+        self.llm.shutdown()
+
+    # -- internals --
+    def _gate(self) -> asyncio.Event:
+        if self._open is None:
+            self._open = asyncio.Event()
+            self._open.set()
+            self._sync_lock = asyncio.Lock()
+        return self._open
+
+    async def _rpc(self, method: str, *args: Any) -> Any:
+        return await self.llm.collective_rpc(method, args=args)
+
+    async def _exclusive_sync(self, body: Callable[[], Awaitable[tuple[int, int]]], bump: bool = True) -> int:
+        """Run ``body`` with no decode step in between: new requests wait at the gate; requests in flight are
+        paused (partial rollout) and continue afterwards on the new weights."""
+        gate = self._gate()
+        async with self._sync_lock:
+            start = time.perf_counter()
+            gate.clear()
+            paused = self._inflight > 0
+            try:
+                if paused:
+                    await self.pause()
+                ready = time.perf_counter()
+                moved, buckets = await body()
+                done = time.perf_counter()
+                if bump:
+                    self.weight_version += 1
+                    self.stats["syncs"] += 1
+            finally:
+                if paused:
+                    await self.resume()
+                gate.set()
+        self.last_sync = {"wait_s": ready - start, "copy_s": done - ready, "bytes": moved, "buckets": buckets,
+                          "paused": float(paused)}
+        return moved
+
+
+def broadcast_plan(named_tensors: Iterable[tuple[str, torch.Tensor]],
+                   bucket_bytes: int = BUCKET_BYTES) -> list[tuple[bytes, int]]:
+    """Per bucket: (its tensors' metadata as bytes, its size); what ``VLLMEngine.receive_broadcast`` takes."""
+    plan = []
+    for planned in plan_buckets(named_tensors, bucket_bytes):
+        last = planned[-1][0]
+        plan.append((pickle.dumps([meta.as_tuple() for meta, _ in planned]), last.offset + last.nbytes))
+    return plan
+
+
+class NcclWeightSender:
+    """Trainer rank 0's side of the NCCL weight sync to engines on other GPUs.
+
+    ``plan(named_tensors)`` gives the per-bucket metadata the engine needs (``VLLMEngine.receive_broadcast``);
+    ``send(named_tensors)`` then packs and broadcasts the buckets in the same order, one NCCL call per bucket.
+    """
+
+    def __init__(self, host: str, port: int, world_size: int, device: int | None = None,
+                 bucket_bytes: int = BUCKET_BYTES) -> None:
+        try:
+            from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
+            from vllm.distributed.utils import StatelessProcessGroup
+        except ImportError as exc:
+            raise ImportError(f"{VLLM_INSTALL_HINT} ({exc})") from exc
+        self.device = torch.device("cuda", torch.cuda.current_device() if device is None else device)
+        group = StatelessProcessGroup.create(host=host, port=port, rank=0, world_size=world_size)
+        self.comm = PyNcclCommunicator(group, device=self.device)
+        self.bucket_bytes = bucket_bytes
+
+    def plan(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[bytes, int]]:
+        return broadcast_plan(named_tensors, self.bucket_bytes)
+
+    def send(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Broadcast every bucket (blocks until the last one left this GPU); returns bytes sent."""
+        sent = 0
+        stream = torch.cuda.current_stream(self.device)
+        for bucket in pack(named_tensors, self.bucket_bytes, device=self.device):
+            # same stream as the packing copies; a freed buffer is only reused by later work on this stream
+            self.comm.broadcast(bucket.buffer, src=0, stream=stream)
+            sent += bucket.nbytes
+        stream.synchronize()
+        return sent
+
+
+__all__ = ["VLLM_FLAGS", "NcclWeightSender", "broadcast_plan", "VLLMEngine", "VLLMOptions", "eos_token_ids",
+           "sampled_logprobs", "sampling_kwargs"]
