@@ -1,0 +1,65 @@
+"""Length-prefixed JSON frames: the only wire format between the host and a jailed worker.
+
+A frame is a 4-byte big-endian length followed by that many bytes of UTF-8 JSON. Never pickle: the
+other side is hostile. Binary payloads travel base64-encoded inside the JSON. This module is
+stdlib-only because it also runs inside the jail.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+
+MAX_FRAME_BYTES = 64 * 1024 * 1024
+_HEADER = struct.Struct(">I")
+
+
+class FrameError(Exception):
+    """The peer closed the channel or sent something that is not a valid frame."""
+
+
+def encode(message: dict) -> bytes:
+    body = json.dumps(message, separators=(",", ":")).encode()
+    if len(body) > MAX_FRAME_BYTES:
+        raise FrameError(f"frame of {len(body)} bytes exceeds the {MAX_FRAME_BYTES}-byte maximum")
+    return _HEADER.pack(len(body)) + body
+
+
+def decode_body(body: bytes) -> dict:
+    try:
+        message = json.loads(body)
+    except ValueError as exc:
+        raise FrameError(f"frame is not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise FrameError(f"frame must hold a JSON object, got {type(message).__name__}")
+    return message
+
+
+def body_length(header: bytes) -> int:
+    (length,) = _HEADER.unpack(header)
+    if length > MAX_FRAME_BYTES:
+        raise FrameError(f"frame announces {length} bytes, over the {MAX_FRAME_BYTES}-byte maximum")
+    return length
+
+
+def write_fd(fd: int, message: dict) -> None:
+    data = memoryview(encode(message))
+    while data:
+        written = os.write(fd, data)
+        data = data[written:]
+
+
+def read_exact_fd(fd: int, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = os.read(fd, min(n, 1 << 20))
+        if not chunk:
+            raise FrameError("channel closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+def read_fd(fd: int) -> dict:
+    return decode_body(read_exact_fd(fd, body_length(read_exact_fd(fd, _HEADER.size))))

@@ -1,0 +1,130 @@
+"""The `local` provider: warm zygotes in bubblewrap jails on this host (sandboxes digest §4.2).
+
+Each slot gets its own unprivileged uid (when we run as root) and its own cgroup (when cgroups are
+writable), so RLIMIT_NPROC is enforced per jail and a runaway jail cannot starve its neighbours.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sysconfig
+import tempfile
+
+from sandboxes import cgroups, jail, probe
+from sandboxes.cgroups import SlotCgroup
+from sandboxes.errors import SandboxUnavailable
+from sandboxes.limits import Limits
+from sandboxes.pool import PoolBackend, WorkerPool
+from sandboxes.worker import JailWorker, default_python
+
+UID_BASE = 100_000
+CGROUP_PREFIX = "sandboxes-"
+
+
+def host_site_packages() -> list[str]:
+    """This interpreter's site-packages dirs, to expose read-only in the jail (e.g. for numpy/sympy)."""
+    paths = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
+    return sorted(p for p in paths if os.path.isdir(p))
+
+
+SLOTS_PER_PROCESS = 256  # pool workers + persistent sessions
+
+
+def _world_reachable(path: str) -> bool:
+    """Whether any uid can traverse to and execute `path` (what an unprivileged slot uid needs)."""
+    for candidate in {os.path.abspath(path), os.path.realpath(path)}:
+        parts = candidate.split("/")
+        for i in range(2, len(parts)):
+            if not os.stat("/".join(parts[:i])).st_mode & 0o001:
+                return False
+    return bool(os.stat(os.path.realpath(path)).st_mode & 0o001)
+
+
+def slot_uid(slot: int) -> int:
+    """A uid owned by no one, distinct per (host process, slot): NPROC and file ownership stay per jail."""
+    if not 0 <= slot < SLOTS_PER_PROCESS:
+        raise ValueError(f"slot {slot} out of range: at most {SLOTS_PER_PROCESS} workers plus sessions per process")
+    return UID_BASE + (os.getpid() % 10_000) * SLOTS_PER_PROCESS + slot
+
+
+def make_pool(
+    *,
+    workers: int | None = None,
+    preload: tuple[str, ...] = (),
+    site_packages: tuple[str, ...] = (),
+    python: str | None = None,
+    unsafe: bool = False,
+    recycle_after: int = 500,
+    limits: Limits | None = None,
+) -> WorkerPool:
+    """Build the local pool, or refuse with what is missing when the host cannot isolate."""
+    report = probe.probe(docker=False)
+    missing = report.local_missing
+    isolate = not missing
+    if missing and not unsafe:
+        raise SandboxUnavailable(
+            "the local sandbox cannot isolate code on this host: "
+            + "; ".join(missing)
+            + ". Fix that, use another provider, or pass unsafe=True for rlimits-only subprocess workers (not a security boundary)."
+        )
+    python = python or default_python()
+    if not os.access(python, os.X_OK):
+        raise SandboxUnavailable(f"python={python!r} is not an executable interpreter")
+    if report.root and not _world_reachable(python):
+        raise SandboxUnavailable(
+            f"python={python!r} is not reachable by the jails' unprivileged uids (a parent directory is not "
+            "world-searchable); install Debian's python3 (apt-get install python3) or pass python=<a world-readable interpreter>"
+        )
+    for path in site_packages:
+        if not os.path.isdir(path):
+            raise ValueError(f"site_packages entry {path!r} is not a directory")
+    limits = limits or Limits()
+    use_cgroups = report.root and report.cgroup_writable
+    use_uids = report.root
+    group = f"{CGROUP_PREFIX}{os.getpid()}"
+    if use_cgroups:
+        cgroups.reap_stale(CGROUP_PREFIX)
+
+    def factory(slot: int, persistent: bool) -> JailWorker:
+        uid = slot_uid(slot) if use_uids else None
+        cgroup = None
+        if use_cgroups:
+            cgroup = SlotCgroup.create(
+                group,
+                f"slot{slot}",
+                uid if uid is not None else os.getuid(),
+                pids=limits.processes + 8,
+                memory_mb=limits.memory_mb + limits.cgroup_headroom_mb,
+            )
+        config = jail.zygote_config(list(preload), list(site_packages), persistent, pid_namespace=isolate)
+        scratch = None
+        if not isolate:  # no private /tmp: give the worker a scratch dir of its own, never the host's /tmp
+            scratch = tempfile.mkdtemp(prefix=f"sandboxes-unsafe-{os.getpid()}-{slot}-")
+            if uid is not None:
+                os.chown(scratch, uid, uid)
+            config.update(scratch=[scratch], landlock=report.landlock_abi > 0, seccomp=report.seccomp)
+        try:
+            worker = JailWorker(
+                python=python, config=config, site_dirs=list(site_packages), uid=uid, cgroup=cgroup, isolate=isolate
+            )
+        except BaseException:
+            if cgroup is not None:
+                cgroup.remove()
+            if scratch:
+                shutil.rmtree(scratch, ignore_errors=True)
+            raise
+        worker.scratch = scratch
+        return worker
+
+    size = workers or os.cpu_count() or 1
+    if size > SLOTS_PER_PROCESS - 32:
+        raise ValueError(f"workers={size}: at most {SLOTS_PER_PROCESS - 32} per process")
+    return WorkerPool("local" if isolate else "local-unsafe", factory, size, recycle_after=recycle_after)
+
+
+class LocalBackend(PoolBackend):
+    """`sandboxes.open("local", ...)`: a shared pool of jailed workers on this host."""
+
+    def __init__(self, *, unsafe: bool = False, limits: Limits | None = None, **options: object) -> None:
+        super().__init__(make_pool(unsafe=unsafe, limits=limits, **options))

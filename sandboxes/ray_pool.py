@@ -1,0 +1,173 @@
+"""The `ray` provider: executions spread over Ray actors, each owning a local jail pool on its node,
+so throughput grows with the cluster. Calls go to the least-busy actor; when every actor's workers
+are busy, calls queue inside the actors (back-pressure). A dead actor is an infra_error."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import threading
+
+from sandboxes.limits import Limits
+from sandboxes.result import Result
+
+_started_ray = False  # whether a RayBackend called ray.init (then the last one to close stops Ray)
+_live: set[int] = set()
+
+
+class _SandboxActor:
+    """Runs in a Ray worker process; wraps a local pool (blocking calls, threaded actor)."""
+
+    def __init__(self, unsafe: bool, limits: Limits, pool_options: dict) -> None:
+        from sandboxes.local import make_pool
+
+        self.pool = make_pool(unsafe=unsafe, limits=limits, **pool_options)
+        self.sessions: dict = {}
+        self._ids = itertools.count()
+
+    def ready(self) -> str:
+        import socket
+
+        return socket.gethostname()
+
+    def run(self, header: dict, payload: dict, limits: Limits) -> Result:
+        return self.pool.run(header, limits, payload)
+
+    def open_session(self) -> int:
+        from sandboxes.pool import PoolSession
+
+        slot, worker = self.pool.dedicated()
+        sid = next(self._ids)
+        self.sessions[sid] = PoolSession(self.pool, slot, worker)
+        return sid
+
+    def session_call(self, sid: int, header: dict, payload: dict | None, limits: Limits) -> Result | dict:
+        return self.sessions[sid]._call(header, payload, limits)
+
+    def close_session(self, sid: int) -> None:
+        session = self.sessions.pop(sid, None)
+        if session is not None and session.worker is not None:
+            self.pool.release(session.slot, session.worker)
+
+    def stats(self) -> dict:
+        return dict(self.pool.stats)
+
+    def shutdown(self) -> None:
+        self.pool.close()
+
+
+class RayBackend:
+    """`sandboxes.open("ray", actors=2, workers_per_actor=1, address=None, ...)`."""
+
+    name = "ray"
+
+    def __init__(
+        self,
+        *,
+        unsafe: bool = False,
+        limits: Limits | None = None,
+        actors: int | None = None,
+        workers_per_actor: int = 1,
+        address: str | None = None,
+        **pool_options: object,
+    ) -> None:
+        import ray
+
+        global _started_ray
+        self._ray = ray
+        if not ray.is_initialized():
+            if address is None:
+                ray.init(
+                    num_cpus=2,
+                    include_dashboard=False,
+                    log_to_driver=False,
+                    object_store_memory=80 << 20,
+                    configure_logging=False,
+                )
+            else:
+                ray.init(address=address, log_to_driver=False)
+            _started_ray = True
+        _live.add(id(self))
+        count = actors or max(1, len([n for n in ray.nodes() if n.get("Alive")]))
+        actor_cls = ray.remote(_SandboxActor)
+        options = {"num_cpus": 0, "max_concurrency": workers_per_actor + 34, "scheduling_strategy": "SPREAD"}
+        self.actors = [
+            actor_cls.options(**options).remote(
+                unsafe, limits or Limits(), {**pool_options, "workers": workers_per_actor}
+            )
+            for _ in range(count)
+        ]
+        try:
+            self.nodes = ray.get([actor.ready.remote() for actor in self.actors], timeout=120)
+        except Exception as exc:  # surface the actor's own reason (e.g. SandboxUnavailable)
+            self.close()
+            raise exc from None
+        self._inflight = [0] * count
+        self._lock = threading.Lock()
+
+    def _pick(self) -> int:
+        with self._lock:
+            index = min(range(len(self.actors)), key=self._inflight.__getitem__)
+            self._inflight[index] += 1
+            return index
+
+    async def run(self, header: dict, payload: dict, limits: Limits) -> Result:
+        index = self._pick()
+        try:
+            result = await self.actors[index].run.remote(header, payload, limits)
+            result.provider = self.name
+            return result
+        except self._ray.exceptions.RayError as exc:
+            return Result.infra(f"ray actor {index} failed: {exc}", self.name, 1)
+        finally:
+            with self._lock:
+                self._inflight[index] -= 1
+
+    async def open_session(self) -> RaySession:
+        index = self._pick()
+        sid = await self.actors[index].open_session.remote()
+        return RaySession(self, index, sid)
+
+    def stats(self) -> list[dict]:
+        return self._ray.get([actor.stats.remote() for actor in self.actors])
+
+    def close(self) -> None:
+        """Stop this backend's actors; the last backend to close stops Ray if we started it."""
+        global _started_ray
+        ray = self._ray
+        if ray.is_initialized():  # any Ray call on a stopped instance would start a new one
+            for actor in self.actors:
+                with contextlib.suppress(Exception):  # already dead: nothing to stop
+                    ray.get(actor.shutdown.remote(), timeout=30)
+                    if not _started_ray:  # on a shared cluster, free the actor now
+                        ray.kill(actor)
+        self.actors = []
+        _live.discard(id(self))
+        if not _live and _started_ray:
+            _started_ray = False
+            ray.shutdown()
+
+
+class RaySession:
+    def __init__(self, backend: RayBackend, index: int, sid: int) -> None:
+        self.backend = backend
+        self.index = index
+        self.sid = sid
+
+    async def call(self, header: dict, payload: dict | None, limits: Limits) -> Result | dict:
+        try:
+            reply = await self.backend.actors[self.index].session_call.remote(self.sid, header, payload, limits)
+            if isinstance(reply, Result):
+                reply.provider = self.backend.name
+            return reply
+        except self.backend._ray.exceptions.RayError as exc:
+            return Result.infra(f"ray actor {self.index} failed: {exc}", self.backend.name, 1)
+
+    async def close(self) -> None:
+        try:
+            await self.backend.actors[self.index].close_session.remote(self.sid)
+        finally:
+            with self.backend._lock:
+                self.backend._inflight[self.index] -= 1
+        await asyncio.sleep(0)

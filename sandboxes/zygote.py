@@ -1,0 +1,849 @@
+"""The warm worker that runs inside one jail: preloads modules, hardens itself once, then forks
+one child per request and cleans up after it.
+
+Run as `python -I -S zygote.py '<json config>'` with the request channel on fds 0/1. Stdlib-only and
+self-contained apart from its sibling in-jail modules (frames, bpf_filter, landlock).
+
+Per request a *spare* child, forked while the worker was idle, reads the request payload
+straight from the channel, applies rlimits and runs the code. The zygote itself never reads the
+payload nor the output into its own memory (output is spliced into memfds and sendfile'd back), so
+nothing of one execution survives in the zygote for a later fork to find. It stops on the child's
+"done" message or its *exit* (pidfd), never on pipe EOF (a setsid grandchild can hold the pipe),
+replies, then kills every other process in the jail's PID namespace, reaps them, wipes the scratch
+dirs and forks the next spare. In REPL mode one long-lived child keeps its globals across requests.
+
+Wire: request = header frame {"op", "limits", ...}; for "python"/"exec" a payload frame follows
+({"code"|"argv", "stdin", "files"}), read by the spare. Reply = header frame with "stdout_len" and
+"stderr_len", followed by that many raw bytes of each.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import ctypes
+import fcntl
+import gc
+import json
+import math
+import os
+import resource
+import select
+import shutil
+import signal
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bpf_filter  # noqa: E402
+import frames  # noqa: E402
+import landlock  # noqa: E402
+
+WORK = "/tmp/work"
+SCRATCH = ("/tmp", "/dev/shm")
+_libc = ctypes.CDLL(None, use_errno=True)
+PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+
+
+class Spare:
+    """A pre-forked child waiting for its request. `autonomous`: it reads the request header from the
+    channel itself and tells the zygote ("O" line on its meta pipe), saving a hand-off; otherwise the
+    zygote reads the header and passes it on the go pipe (persistent sessions, whose zygote also
+    serves REPL and file requests)."""
+
+    def __init__(self, zygote: Zygote, autonomous: bool = False) -> None:
+        self.autonomous = autonomous
+        self.go_r, self.go_w = os.pipe()
+        self.out_r, self.out_w = os.pipe()
+        self.err_r, self.err_w = os.pipe()
+        self.meta_r, self.meta_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            self._main(zygote)
+        for fd in (self.go_r, self.out_w, self.err_w, self.meta_w):
+            os.close(fd)
+        self.pidfd = os.pidfd_open(self.pid)
+
+    def close(self) -> None:
+        for fd in (self.go_w, self.out_r, self.err_r, self.meta_r, self.pidfd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _main(self, zygote: Zygote) -> None:
+        try:
+            for fd in (self.go_w, self.out_r, self.err_r, self.meta_r):  # the zygote's ends
+                os.close(fd)
+            _die_with(zygote.pid)
+            os.setsid()
+            if zygote.scope_fd is not None:
+                landlock.restrict_self(zygote.scope_fd)
+            if self.autonomous:
+                try:
+                    order = frames.read_fd(zygote.rx)
+                except frames.FrameError:
+                    os.write(self.meta_w, b"E\n")  # the host closed the channel
+                    os._exit(0)
+                if order.get("op") not in ("python", "exec"):  # not ours: hand it to the zygote
+                    os.write(self.meta_w, b"H" + json.dumps(order).encode() + b"\n")
+                    os._exit(0)
+                os.write(
+                    self.meta_w, b"O" + json.dumps({"op": order["op"], "limits": order["limits"]}).encode() + b"\n"
+                )
+            else:
+                try:
+                    order = frames.read_fd(self.go_r)  # this request's op and limits
+                except frames.FrameError:
+                    os._exit(0)
+            payload = frames.read_fd(zygote.rx)
+            os.makedirs(WORK, exist_ok=True)
+            _write_files(payload.get("files", {}))
+            stdin = os.memfd_create("stdin", 0)
+            os.write(stdin, base64.b64decode(payload.get("stdin", "")))
+            os.lseek(stdin, 0, os.SEEK_SET)
+            os.write(self.meta_w, b"L")
+            for src, dst in ((stdin, 0), (self.out_w, 1), (self.err_w, 2), (self.meta_w, 3)):
+                os.dup2(src, dst)
+            os.closerange(4, 1 << 16)
+            _apply_limits(order["limits"])
+            os.chdir(WORK)
+            env = _child_env(zygote.config)
+            if order["op"] == "exec":
+                os.set_inheritable(3, False)
+                signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+                argv = payload["argv"]
+                try:
+                    os.execvpe(argv[0], argv, env)
+                except OSError as exc:
+                    os.write(2, f"sandbox: cannot execute {argv[0]!r}: {exc.strerror}\n".encode())
+                    os._exit(127)
+            os.environ.clear()
+            os.environ.update(env)
+            exit_code, memory_error = _child_python(payload["code"])
+            done = json.dumps({"exit_code": exit_code, "memory_error": memory_error}).encode()
+            os.write(3, b"D" + done + b"\n")
+            os._exit(exit_code)
+        except BaseException:
+            os._exit(126)
+
+
+class Zygote:
+    def __init__(self, config: dict) -> None:
+        global WORK, SCRATCH
+        self.config = config
+        SCRATCH = tuple(config.get("scratch", SCRATCH))
+        WORK = os.path.join(SCRATCH[0], "work")
+        self.pid = os.getpid()
+        self.scope_fd: int | None = None
+        self.repl: Repl | None = None
+        self.spare: Spare | None = None
+        # Move the request channel off fds 0/1 so nothing printed here can corrupt it.
+        self.rx = os.dup(0)
+        self.tx = os.dup(1)
+        null = os.open("/dev/null", os.O_RDWR)
+        for fd in (0, 1):
+            os.dup2(null, fd)
+        os.close(null)
+
+    # ---- start-up -------------------------------------------------------------------------
+    def harden(self) -> dict:
+        report: dict = {"preloaded": [], "missing": []}
+        for path in self.config.get("site", []):
+            sys.path.append(path)
+        for name in self.config.get("preload", []):
+            try:
+                __import__(name)
+                report["preloaded"].append(name)
+            except Exception as exc:  # a missing optional module is not fatal
+                report["missing"].append(f"{name}: {type(exc).__name__}: {exc}")
+        import ast  # noqa: F401  (warm what every child uses)
+        import atexit  # noqa: F401
+        import threading
+        import traceback  # noqa: F401
+
+        report["threads"] = threading.active_count()
+        _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        version = landlock.abi() if self.config.get("landlock", True) else 0
+        report["landlock_abi"] = version
+        if self.config.get("seccomp", True):
+            bpf_filter.install()  # also sets no_new_privs
+            report["seccomp"] = True
+        else:
+            report["seccomp"] = False
+        if version:
+            fd = landlock.filesystem_ruleset(version, writable=list(SCRATCH), readable=["/"])
+            for dev in ("/dev/null", "/dev/zero", "/dev/full", "/dev/urandom", "/dev/random"):
+                landlock._allow(fd, dev, landlock.FS_READ_FILE | landlock.FS_WRITE_FILE)
+            landlock.restrict_self(fd)
+            os.close(fd)
+            self.scope_fd = landlock.scope_ruleset(version)
+        report["pid"] = os.getpid()
+        gc.freeze()  # children then never touch (copy) the preloaded objects' GC headers
+        return report
+
+    def serve(self) -> None:
+        frames.write_fd(self.tx, {"ready": True, **self.harden()})
+        autonomous = not self.config.get("persistent")
+        if autonomous:
+            self.spare = Spare(self, autonomous=True)
+        while True:
+            if autonomous:  # the waiting spare reads the channel; we hear from it on its meta pipe
+                spare, self.spare = self.spare, None
+                kind, request, rest = _first_line(spare)
+                if kind == b"O":
+                    self.run(request, spare, rest)
+                    continue
+                self.after(spare, reaped=False, loaded=kind == b"H")
+                if kind != b"H":
+                    return  # b"E": the host closed the channel
+            else:
+                try:
+                    request = frames.read_fd(self.rx)
+                except frames.FrameError:
+                    return
+            self.dispatch(request)
+
+    def dispatch(self, request: dict) -> None:
+        op = request.get("op")
+        if op in ("python", "exec"):
+            self.run(request, Spare(self), b"")
+            return
+        if op == "repl":
+            reply, out, err = self.run_repl(request)
+            self.send(reply, out, err)
+            return
+        if op == "ping":
+            reply = {"pong": True}
+        elif op == "put":
+            reply = self.put(request)
+        elif op == "get":
+            reply = self.get(request)
+        else:
+            reply = {"error": f"unknown op {op!r}"}
+        frames.write_fd(self.tx, reply)
+
+    def send(self, reply: dict, out, err) -> None:
+        """Reply header, then stdout and stderr: each either bytes or a (memfd, length) pair."""
+        sizes = [len(x) if isinstance(x, (bytes, bytearray)) else x[1] for x in (out, err)]
+        frames.write_fd(self.tx, {**reply, "stdout_len": sizes[0], "stderr_len": sizes[1]})
+        for blob, size in zip((out, err), sizes, strict=False):
+            if isinstance(blob, (bytes, bytearray)):
+                view = memoryview(blob)
+                while view:
+                    view = view[os.write(self.tx, view) :]
+                continue
+            fd, offset = blob[0], 0
+            while offset < size:
+                sent = os.sendfile(self.tx, fd, offset, size - offset)
+                if sent == 0:
+                    raise OSError("sendfile made no progress")
+                offset += sent
+
+    # ---- files ----------------------------------------------------------------------------
+    def put(self, request: dict) -> dict:
+        os.makedirs(WORK, exist_ok=True)
+        _write_files(request.get("files", {}))
+        return {"ok": True}
+
+    def get(self, request: dict) -> dict:
+        path = _inside_work(request["path"])
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as exc:
+            return {"error": f"cannot read {request['path']!r}: {exc.strerror}"}
+        with os.fdopen(fd, "rb") as handle:
+            data = handle.read(request.get("max_bytes", 1 << 26) + 1)
+        return {"data": base64.b64encode(data).decode()}
+
+    # ---- one-shot execution -----------------------------------------------------------------
+    def run(self, request: dict, spare: Spare, meta: bytes) -> None:
+        """Supervise `spare` running `request` (its payload is read by the spare itself)."""
+        limits = request["limits"]
+        oom_before = _oom_kills()  # visible in a container; the local host reads the jail's cgroup itself
+        start = time.monotonic()
+        if not spare.autonomous:
+            frames.write_fd(spare.go_w, {"op": request["op"], "limits": limits})
+        capture = _Capture(spare, limits["max_output_bytes"])
+        capture.meta = meta
+        outcome, done = capture.pump(start + limits["wall_s"])
+        reaped = None
+        if outcome == "exited":
+            reaped = os.wait4(spare.pid, 0)
+        else:
+            self.kill_all(spare.pid)
+        capture.drain()
+        if capture.truncated and outcome in ("exited", "done"):
+            outcome = "output_limit"
+        reply = _classify(outcome, done, reaped, limits)
+        if reply["status"] == "killed" and _oom_kills() > oom_before:
+            reply["status"] = "oom"
+        loaded = capture.meta.startswith(b"L")
+        if not loaded:  # the spare died before consuming its payload: the channel may be out of step
+            reply.update(status="infra_error", note="the worker's spare process failed before reading the request")
+        reply.update(truncated=capture.truncated, wall_ms=(time.monotonic() - start) * 1000, healthy=loaded)
+        self.send(reply, (capture.out, capture.sizes[0]), (capture.err, capture.sizes[1]))
+        capture.close()
+        self.after(spare, reaped is not None, loaded)
+
+    def after(self, spare: Spare, reaped: bool, loaded: bool) -> None:
+        """Post-reply cleanup: reap, sweep, wipe, and fork the next spare while the host is busy."""
+        if not reaped:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(spare.pid, 0)
+        spare.close()
+        keep = (self.repl.pid,) if self.repl is not None and self.repl.alive() else ()
+        healthy = self.sweep(keep) and loaded
+        if not self.config.get("persistent"):
+            self.wipe()
+            if healthy:
+                self.spare = Spare(self, autonomous=True)
+        if not healthy:
+            os._exit(3)  # the host sees the worker die and replaces it
+
+    def kill_all(self, pid: int) -> None:
+        """Kill the child and everything else it may have started, without reaping (the caller waits)."""
+        _kill(pid)
+        if self.config.get("pid_namespace", True):
+            _kill(-1)
+        else:
+            for other in _descendants(os.getpid()):
+                _kill(other)
+
+    def sweep(self, spare: tuple[int, ...] = ()) -> bool:
+        """SIGKILL every process this worker started except `spare`; reap them. In a PID namespace of
+        our own that is everything but PID 1 and us (one kill(-1)); without one, our descendants."""
+        me = os.getpid()
+        own_namespace = self.config.get("pid_namespace", True)
+        deadline = time.monotonic() + 3.0
+        while True:
+            others = [p for p in (_jail_pids() if own_namespace else _descendants(me)) if p not in (1, me, *spare)]
+            if not others:
+                return True
+            if own_namespace and not spare:
+                _kill(-1)
+            else:
+                for p in others:
+                    _kill(p)
+            _reap(spare)
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.0005)
+
+    def wipe(self) -> None:
+        for top in SCRATCH:
+            try:
+                names = os.listdir(top)
+            except OSError:
+                continue
+            for name in names:
+                path = os.path.join(top, name)
+                if path == WORK and not os.path.islink(path) and os.path.isdir(path) and not os.listdir(path):
+                    continue  # an empty work dir: keep it
+                _remove(path)
+
+    # ---- persistent REPL ----------------------------------------------------------------------
+    def run_repl(self, request: dict) -> tuple[dict, bytes, bytes]:
+        if self.repl is not None and not self.repl.alive():
+            self.repl.close()
+            self.repl = None
+        if self.repl is None:
+            self.repl = Repl(self, request["limits"])
+        self.put(request)
+        reply = self.repl.run(request)
+        out, err = bytes(self.repl.pipes.out), bytes(self.repl.pipes.err)
+        spare = (self.repl.pid,) if self.repl.alive() else ()
+        if not spare:
+            self.repl = None
+        reply["healthy"] = self.sweep(spare)
+        return reply, out, err
+
+
+class Repl:
+    """A child that keeps its globals between cells. A cell that times out or crashes ends it."""
+
+    def __init__(self, zygote: Zygote, limits: dict) -> None:
+        self.to_repl_r, self.to_repl_w = os.pipe()
+        self.from_repl_r, self.from_repl_w = os.pipe()
+        self.pipes = _Pipes()
+        os.makedirs(WORK, exist_ok=True)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                _die_with(zygote.pid)
+                os.setsid()
+                if zygote.scope_fd is not None:
+                    landlock.restrict_self(zygote.scope_fd)
+                rx = fcntl.fcntl(self.to_repl_r, fcntl.F_DUPFD, 100)
+                tx = fcntl.fcntl(self.from_repl_w, fcntl.F_DUPFD, 100)
+                self.pipes.become_child()
+                os.dup2(rx, 5)
+                os.dup2(tx, 6)
+                os.closerange(7, 1 << 16)
+                _apply_limits(limits, cpu_limit=False)  # per cell instead, see _repl_loop
+                os.chdir(WORK)
+                os.environ.clear()
+                os.environ.update(_child_env(zygote.config))
+                _repl_loop(5, 6)
+            except BaseException:
+                _print_exception()
+            finally:
+                os._exit(126)
+        self.pipes.close_child_ends()
+        os.close(self.to_repl_r)
+        os.close(self.from_repl_w)
+
+    def alive(self) -> bool:
+        try:
+            return self.pid > 0 and os.waitpid(self.pid, os.WNOHANG) == (0, 0)
+        except ChildProcessError:
+            return False
+
+    def close(self) -> None:
+        self.pipes.close()
+        for fd in (self.to_repl_w, self.from_repl_r):
+            os.close(fd)
+
+    def run(self, request: dict) -> dict:
+        limits = request["limits"]
+        start = time.monotonic()
+        self.pipes.out, self.pipes.err, self.pipes.truncated = bytearray(), bytearray(), False
+        frames.write_fd(self.to_repl_w, {"code": request["code"], "cpu_s": limits["cpu_s"]})
+        outcome = self.pipes.pump(
+            self.pid,
+            start + limits["wall_s"],
+            limits["max_output_bytes"],
+            done_fd=self.from_repl_r,
+            on_kill=lambda: _kill(self.pid),
+        )
+        cell = None
+        if outcome == "done":
+            try:
+                cell = frames.read_fd(self.from_repl_r)
+            except frames.FrameError:  # the REPL closed its end: it is exiting
+                outcome = "exited"
+        if cell is not None:
+            reply = _classify("done", cell, None, limits)
+        else:
+            _kill(self.pid)
+            try:
+                reaped = os.wait4(self.pid, 0)
+            except ChildProcessError:  # already reaped by a sweep
+                reaped = None
+            self.pid = -1
+            self.close()
+            reply = _classify(outcome, None, reaped, limits)
+            self.pipes.err += b"\n[sandbox] the REPL process ended; its state was lost\n"
+            reply["repl_reset"] = True
+        reply.update(truncated=self.pipes.truncated, wall_ms=(time.monotonic() - start) * 1000)
+        return reply
+
+
+def _repl_loop(rx: int, tx: int) -> None:
+    import ast
+
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115
+    namespace = _fresh_main()
+    while True:
+        try:
+            cell = frames.read_fd(rx)
+        except frames.FrameError:
+            os._exit(0)
+        used = sum(resource.getrusage(resource.RUSAGE_SELF)[:2])
+        soft = int(used + cell["cpu_s"]) + 1
+        resource.setrlimit(resource.RLIMIT_CPU, (soft, resource.RLIM_INFINITY))
+        exit_code, memory_error = 0, False
+        try:
+            tree = ast.parse(cell["code"], "<cell>", "exec")
+            last = tree.body[-1] if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+            if last is not None:
+                tree.body.pop()
+            exec(compile(tree, "<cell>", "exec"), namespace)
+            if last is not None:
+                value = eval(compile(ast.Expression(last.value), "<cell>", "eval"), namespace)
+                if value is not None:
+                    print(repr(value))
+        except SystemExit as exc:
+            exit_code = _exit_code(exc)
+        except MemoryError:
+            memory_error, exit_code = True, 1
+            _print_exception()
+        except BaseException:
+            exit_code = 1
+            _print_exception()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        frames.write_fd(tx, {"exit_code": exit_code, "memory_error": memory_error})
+
+
+# ---- child-side helpers ----------------------------------------------------------------------
+
+
+def _child_python(code: str) -> tuple[int, bool]:
+    """Run `code` as `python -c` would; returns (exit code, died of MemoryError)."""
+    sys.argv = [""]
+    sys.stdin = open(0, closefd=False)  # noqa: SIM115
+    sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115
+    namespace = _fresh_main()
+    exit_code, memory_error = 0, False
+    try:
+        exec(compile(code, "<string>", "exec"), namespace)
+    except SystemExit as exc:
+        exit_code = _exit_code(exc)
+    except MemoryError:
+        exit_code, memory_error = 1, True
+        _print_exception()
+    except BaseException:
+        exit_code = 1
+        _print_exception()
+    try:
+        import threading
+
+        threading._shutdown()  # wait for non-daemon threads, as `python -c` would
+        import atexit
+
+        atexit._run_exitfuncs()
+    except BaseException:
+        pass
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(BaseException):
+            stream.flush()
+    return exit_code & 0xFF, memory_error
+
+
+def _write_files(files: dict) -> None:
+    for rel, data in files.items():
+        path = _inside_work(rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(base64.b64decode(data))
+
+
+def _die_with(parent: int) -> None:
+    """SIGKILL us when the zygote dies, so no child outlives its worker (even without a PID namespace)."""
+    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _fresh_main() -> dict:
+    """A new `__main__` module for the snippet (so pickling its functions, e.g. for multiprocessing, works)."""
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    return main.__dict__
+
+
+def _print_exception() -> None:
+    """Print the current exception's traceback without the zygote's own frame."""
+    import traceback
+
+    kind, value, tb = sys.exc_info()
+    with contextlib.suppress(BaseException):
+        traceback.print_exception(kind, value, tb.tb_next if tb is not None else None)
+
+
+def _exit_code(exc: SystemExit) -> int:
+    if exc.code is None:
+        return 0
+    if isinstance(exc.code, int):
+        return exc.code & 0xFF
+    print(exc.code, file=sys.stderr)
+    return 1
+
+
+def _apply_limits(limits: dict, cpu_limit: bool = True) -> None:
+    mib = 1024 * 1024
+    cpu = max(1, math.ceil(limits["cpu_s"]))
+    for name, soft, hard in (
+        (resource.RLIMIT_CPU, cpu if cpu_limit else None, cpu + 1),
+        (resource.RLIMIT_AS, limits["memory_mb"] * mib, limits["memory_mb"] * mib),
+        (resource.RLIMIT_FSIZE, limits["file_size_mb"] * mib, limits["file_size_mb"] * mib),
+        (resource.RLIMIT_NOFILE, limits["open_files"], limits["open_files"]),
+        (resource.RLIMIT_NPROC, limits["processes"], limits["processes"]),
+        (resource.RLIMIT_CORE, 0, 0),
+    ):
+        if soft is not None:
+            resource.setrlimit(name, (soft, hard))
+
+
+def _child_env(config: dict) -> dict:
+    return dict(config.get("env", {}))
+
+
+# ---- parent-side helpers ---------------------------------------------------------------------
+
+
+class _Capture:
+    """Moves a running child's stdout/stderr into memfds (kernel to kernel, via splice) up to the
+    byte cap, while watching its meta pipe ("done" message) and its exit (pidfd)."""
+
+    def __init__(self, spare: Spare, cap: int) -> None:
+        self.spare = spare
+        self.cap = cap
+        self.out = os.memfd_create("stdout", os.MFD_CLOEXEC)
+        self.err = os.memfd_create("stderr", os.MFD_CLOEXEC)
+        self.sizes = [0, 0]
+        self.truncated = False
+        self.meta = b""
+
+    def pump(self, deadline: float) -> tuple[str, dict | None]:
+        spare = self.spare
+        poller = select.poll()
+        for fd in (spare.out_r, spare.err_r, spare.meta_r, spare.pidfd):
+            poller.register(fd, select.POLLIN)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout", None
+            for fd, _ in poller.poll(remaining * 1000):
+                if fd == spare.pidfd:
+                    return "exited", self._done()
+                if fd == spare.meta_r:
+                    chunk = os.read(fd, 4096)
+                    if not chunk:
+                        poller.unregister(fd)
+                    self.meta += chunk
+                    if self.meta.endswith(b"\n") or len(self.meta) > 4096:  # a snippet may write fd 3 too
+                        return "done", self._done()
+                elif self._move(fd) is None:
+                    poller.unregister(fd)
+                elif self.truncated:
+                    return "output_limit", None
+
+    def _done(self) -> dict | None:
+        line = self.meta.partition(b"D")[2]  # meta is b"L" (payload loaded) then b"D{json}\n" (finished)
+        try:
+            return json.loads(line) if line.endswith(b"\n") else None
+        except ValueError:
+            return None
+
+    def _move(self, fd: int) -> int | None:
+        """Splice what is readable on `fd`; None at EOF."""
+        index = 0 if fd == self.spare.out_r else 1
+        room = self.cap - sum(self.sizes)
+        target = self.out if index == 0 else self.err
+        try:
+            moved = os.splice(fd, target, max(room, 0) + 1)
+        except BlockingIOError:
+            return 0
+        if moved == 0:
+            return None
+        self.sizes[index] += moved
+        if sum(self.sizes) > self.cap:
+            self.sizes[index] -= sum(self.sizes) - self.cap
+            os.ftruncate(target, self.sizes[index])
+            self.truncated = True
+        return moved
+
+    def drain(self) -> None:
+        os.set_blocking(self.spare.meta_r, False)  # the "L" may still sit unread if we stopped early
+        with contextlib.suppress(BlockingIOError):
+            self.meta += os.read(self.spare.meta_r, 4096)
+        for fd in (self.spare.out_r, self.spare.err_r):
+            os.set_blocking(fd, False)
+            while not self.truncated and self._move(fd):
+                pass
+
+    def close(self) -> None:
+        os.close(self.out)
+        os.close(self.err)
+
+
+class _Pipes:
+    """stdout/stderr pipes of the REPL child, captured into bytes (the REPL is one episode's own)."""
+
+    def __init__(self) -> None:
+        self.out_r, self.out_w = os.pipe()
+        self.err_r, self.err_w = os.pipe()
+        self.out, self.err, self.truncated = bytearray(), bytearray(), False
+
+    def become_child(self) -> None:
+        null = os.open(os.devnull, os.O_RDONLY)
+        for src, dst in ((null, 0), (self.out_w, 1), (self.err_w, 2)):
+            os.dup2(src, dst)
+
+    def close_child_ends(self) -> None:
+        for fd in (self.out_w, self.err_w):
+            os.close(fd)
+
+    def close(self) -> None:
+        for fd in (self.out_r, self.err_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def pump(self, pid: int, deadline: float, cap: int, on_kill, done_fd: int) -> str:
+        """Collect output until `done_fd` is readable or the child exits. Returns why it stopped."""
+        poller = select.poll()
+        streams = {self.out_r: self.out, self.err_r: self.err}
+        for fd in (*streams, done_fd):
+            poller.register(fd, select.POLLIN)
+        pidfd = os.pidfd_open(pid)
+        poller.register(pidfd, select.POLLIN)
+        reason = ""
+        try:
+            while not reason:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    reason = "timeout"
+                    break
+                for fd, _ in poller.poll(remaining * 1000):
+                    if fd in streams:
+                        chunk = os.read(fd, 65536)
+                        if not chunk:
+                            poller.unregister(fd)
+                        elif self._append(streams[fd], chunk, cap):
+                            reason = "output_limit"
+                    elif fd in (pidfd, done_fd):
+                        reason = "exited" if fd == pidfd else "done"
+            if reason in ("exited", "done"):
+                for fd, buf in streams.items():
+                    os.set_blocking(fd, False)
+                    while not self.truncated:
+                        try:
+                            chunk = os.read(fd, 65536)
+                        except BlockingIOError:
+                            break
+                        if not chunk or self._append(buf, chunk, cap):
+                            break
+                    os.set_blocking(fd, True)
+            else:
+                on_kill()
+        finally:
+            os.close(pidfd)
+        return reason
+
+    def _append(self, buf: bytearray, chunk: bytes, cap: int) -> bool:
+        room = cap - len(self.out) - len(self.err)
+        if len(chunk) > room:
+            buf += chunk[: max(room, 0)]
+            self.truncated = True
+            return True
+        buf += chunk
+        return False
+
+
+def _classify(outcome: str, done: dict | None, reaped, limits: dict) -> dict:
+    """Status from why the pump stopped, the child's own "done" report, and its wait status."""
+    exit_code = sig = cpu_ms = None
+    if reaped is not None:
+        _, wstatus, usage = reaped
+        exit_code = os.WEXITSTATUS(wstatus) if os.WIFEXITED(wstatus) else None
+        sig = os.WTERMSIG(wstatus) if os.WIFSIGNALED(wstatus) else None
+        cpu_ms = (usage.ru_utime + usage.ru_stime) * 1000
+    if done is not None:
+        exit_code, sig = done["exit_code"], None
+    if outcome in ("timeout", "output_limit"):
+        status = outcome
+    elif sig == signal.SIGXCPU or (
+        sig == signal.SIGKILL and cpu_ms is not None and cpu_ms >= limits["cpu_s"] * 1000 - 50
+    ):
+        status = "cpu_limit"
+    elif done is not None and done.get("memory_error"):
+        status = "oom"
+    elif sig is not None or exit_code is None:
+        status = "killed"
+    else:
+        status = "ok" if exit_code == 0 else "error"
+    return {"status": status, "exit_code": exit_code, "signal": sig, "cpu_ms": cpu_ms}
+
+
+def _first_line(spare: Spare) -> tuple[bytes, dict | None, bytes]:
+    """Wait (as long as it takes) for an autonomous spare's first meta line: (kind, message, rest)."""
+    poller = select.poll()
+    poller.register(spare.meta_r, select.POLLIN)
+    buffer = b""
+    while b"\n" not in buffer:
+        poller.poll()
+        chunk = os.read(spare.meta_r, 4096)
+        if not chunk:
+            return b"", None, b""  # died without a word
+        buffer += chunk
+    line, _, rest = buffer.partition(b"\n")
+    message = json.loads(line[1:]) if len(line) > 1 else None
+    return line[:1], message, rest
+
+
+def _jail_pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid in _jail_pids():
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as handle:
+                ppid = int(handle.read().rsplit(b")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _reap(spare: tuple[int, ...]) -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid in spare:  # the REPL died on its own; nothing else to do here
+            continue
+
+
+def _oom_kills() -> int:
+    for path, key in (
+        ("/sys/fs/cgroup/memory.events", "oom_kill"),
+        ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
+    ):
+        try:
+            with open(path) as handle:
+                for line in handle:
+                    name, _, value = line.partition(" ")
+                    if name == key:
+                        return int(value)
+        except OSError:
+            continue
+    return 0
+
+
+def _inside_work(rel: str) -> str:
+    path = os.path.normpath(os.path.join(WORK, rel))
+    if not path.startswith(WORK + "/"):
+        raise ValueError(f"path {rel!r} leaves the work directory")
+    return path
+
+
+def _remove(path: str) -> None:
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            os.chmod(path, 0o700)
+            for root, dirs, _ in os.walk(path):
+                for d in dirs:
+                    with contextlib.suppress(OSError):
+                        os.chmod(os.path.join(root, d), 0o700)
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+if __name__ == "__main__":
+    Zygote(json.loads(sys.argv[1])).serve()

@@ -1,0 +1,298 @@
+"""The public API on real jails: results, limits, files, persistent sessions, back-pressure,
+infrastructure failures and retries, worker recycling, the probe and the refusal to run unisolated."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+import sandboxes
+from sandboxes import api, jail
+
+pytestmark = pytest.mark.timeout(120)
+LOCAL_OK = not sandboxes.probe(docker=False).local_missing
+needs_local = pytest.mark.skipif(not LOCAL_OK, reason="local isolation unavailable on this host")
+
+
+def local_pool(**options):
+    """The shared pool behind sandboxes.open("local", **options) (for stats and fault injection)."""
+    for key, backend in api._backends.items():
+        if key[0] == "local" and dict(key[2]) == {k: api._hashable(v) for k, v in options.items()}:
+            return backend.pool
+    raise LookupError(options)
+
+
+def kill_group(launcher: int) -> None:
+    """SIGKILL a worker's jail (bwrap) from outside: an infrastructure failure, not the snippet's.
+    Its launcher survives to reap it, as it would after any crash."""
+    with contextlib.suppress(OSError), open(f"/proc/{launcher}/task/{launcher}/children") as handle:
+        for child in handle.read().split():
+            os.kill(int(child), signal.SIGKILL)
+
+
+@needs_local
+async def test_issue_example():
+    async with sandboxes.open("local", wall_s=10, cpu_s=10, memory_mb=1024, max_output_bytes=65536) as sb:
+        r = await sb.run_python("print(sum(range(10)))")
+        assert (r.status, r.stdout, r.stderr, r.exit_code, r.signal, r.truncated) == ("ok", "45\n", "", 0, None, False)
+        assert r.provider == "local" and r.wall_ms > 0
+        r = await sb.exec(["sh", "-c", "ls /"], stdin=b"")
+        assert r.status == "ok" and set(r.stdout.split()) >= {"usr", "tmp", "proc"} and "root" not in r.stdout.split()
+
+
+@needs_local
+async def test_errors_exit_codes_and_stdin():
+    async with sandboxes.open("local", workers=2) as sb:
+        r = await sb.run_python("import sys; sys.exit(3)")
+        assert (r.status, r.exit_code) == ("error", 3)
+        r = await sb.run_python("raise ValueError('boom')")
+        assert r.status == "error" and r.exit_code == 1 and "ValueError: boom" in r.stderr
+        assert "zygote" not in r.stderr  # the traceback shows the snippet only
+        r = await sb.run_python("import sys; print(sys.stdin.read()[::-1])", stdin="olleh")
+        assert r.stdout == "hello\n"
+        r = await sb.exec(["wc", "-c"], stdin=b"x" * 300_000)  # more than a pipe buffer
+        assert r.stdout.strip() == "300000"
+        r = await sb.exec(["no-such-program"])
+        assert r.status == "error" and r.exit_code == 127 and "no-such-program" in r.stderr
+        r = await sb.run_python("print('x')", wall_s=0.5)  # per-call limit override
+        assert r.ok
+
+
+@needs_local
+async def test_files_are_written_for_the_call():
+    async with sandboxes.open("local", workers=2) as sb:
+        r = await sb.run_python("print(open('data/in.txt').read())", files={"data/in.txt": "payload"})
+        assert r.stdout == "payload\n"
+        await sb.upload("staged.txt", b"staged")  # staged: shipped with every later call
+        for _ in range(3):
+            assert (await sb.run_python("print(open('staged.txt').read())")).stdout == "staged\n"
+        with pytest.raises(sandboxes.SandboxError, match="persistent=True"):
+            await sb.download("staged.txt")
+
+
+@needs_local
+async def test_bad_arguments_name_the_value():
+    with pytest.raises(ValueError, match="memory_mb=-5"):
+        sandboxes.open("local", memory_mb=-5)
+    with pytest.raises(ValueError, match="'nope'"):
+        sandboxes.open("nope")
+    async with sandboxes.open("local", workers=2) as sb:
+        with pytest.raises(TypeError, match="argv"):
+            await sb.exec("ls -l")
+        with pytest.raises(TypeError, match="wal_s"):
+            await sb.run_python("pass", wal_s=3)
+        with pytest.raises(ValueError, match="wall_s=0"):
+            await sb.run_python("pass", wall_s=0)
+
+
+@needs_local
+async def test_persistent_repl_session():
+    async with sandboxes.open("local", persistent=True) as sb:
+        assert (await sb.run_python("x = 40\ndef inc(v):\n    return v + 1")).ok
+        r = await sb.run_python("inc(x) + 1")  # last expression is echoed, as in a notebook
+        assert (r.status, r.stdout) == ("ok", "42\n")
+        await sb.upload("in.txt", "uploaded")
+        r = await sb.run_python("open('out.bin', 'wb').write(bytes(range(256))); print(open('in.txt').read())")
+        assert r.stdout.startswith("uploaded")
+        assert await sb.download("out.bin") == bytes(range(256))
+        r = await sb.exec(["ls"])
+        assert r.stdout.split() == ["in.txt", "out.bin"]
+        r = await sb.run_python("raise KeyError('k')")
+        assert r.status == "error" and "KeyError" in r.stderr
+        assert (await sb.run_python("x")).stdout == "40\n"  # an exception keeps the state
+        r = await sb.run_python("import time; time.sleep(30)", wall_s=0.5)
+        assert r.status == "timeout" and "state was lost" in r.stderr
+        r = await sb.run_python("x")
+        assert r.status == "error" and "NameError" in r.stderr
+    async with sandboxes.open("local", persistent=True) as other:  # sessions never share state
+        r = await other.run_python("print(globals().get('x'))")
+        assert r.stdout == "None\n"
+
+
+async def test_back_pressure_queues_callers(provider):
+    options = {"actors": 2, "workers_per_actor": 1} if provider == "ray" else {"workers": 2}
+    async with sandboxes.open(provider, **options) as sb:
+        await asyncio.gather(*(sb.run_python("pass") for _ in range(4)))  # every worker warm
+        start = time.monotonic()
+        results = await asyncio.gather(*(sb.run_python("import time; time.sleep(0.25)") for _ in range(8)))
+        elapsed = time.monotonic() - start
+    assert all(r.ok for r in results), results
+    assert elapsed >= 0.9, f"8 x 0.25 s on 2 workers finished in {elapsed:.2f} s: more than 2 ran at once"
+
+
+@needs_local
+async def test_worker_death_is_retried_once_as_infra():
+    async with sandboxes.open("local", workers=1, recycle_after=10_000) as sb:
+        assert (await sb.run_python("pass")).ok
+        pool = local_pool(workers=1, recycle_after=10_000)
+        victim = pool._workers[0]
+        threading.Timer(0.3, kill_group, (victim.proc.pid,)).start()
+        r = await sb.run_python("import time; time.sleep(1); print('done')")
+        assert (r.status, r.stdout, r.attempts) == ("ok", "done\n", 2), r
+        assert pool.stats["retries"] == 1
+
+
+@needs_local
+async def test_repeated_worker_death_is_infra_error():
+    async with sandboxes.open("local", workers=1, recycle_after=9_999) as sb:
+        assert (await sb.run_python("pass")).ok
+        pool = local_pool(workers=1, recycle_after=9_999)
+        stop = time.monotonic() + 3
+
+        def keep_killing():
+            while time.monotonic() < stop:
+                worker = pool._workers.get(0)
+                if worker is not None and worker.proc.poll() is None:
+                    time.sleep(0.2)
+                    kill_group(worker.proc.pid)
+                time.sleep(0.01)
+
+        killer = threading.Thread(target=keep_killing)
+        killer.start()
+        r = await sb.run_python("import time; time.sleep(2)")
+        killer.join()
+        assert r.status == "infra_error" and r.attempts == 2, r
+        assert "local worker failed" in r.stderr
+        assert (await sb.run_python("print('back')")).stdout == "back\n"
+
+
+@needs_local
+async def test_workers_are_recycled():
+    async with sandboxes.open("local", workers=1, recycle_after=3) as sb:
+        pids = []
+        for _ in range(7):
+            r = await sb.run_python("import os; print(os.getpid())")
+            assert r.ok
+            pids.append(r.stdout)
+        assert local_pool(workers=1, recycle_after=3).stats["respawns"] >= 3
+
+
+@needs_local
+async def test_preloaded_modules_from_host_site_packages():
+    pytest.importorskip("numpy")
+    options = {"workers": 1, "preload": ("numpy",), "site_packages": tuple(sandboxes.host_site_packages())}
+    async with sandboxes.open("local", **options) as sb:
+        r = await sb.run_python("import sys, numpy as np\nprint(int(np.arange(10).sum()), 'numpy' in sys.modules)")
+        assert (r.status, r.stdout) == ("ok", "45 True\n"), r
+        assert local_pool(**options)._workers[0].info["preloaded"] == ["numpy"]
+
+
+def test_probe_reports_this_host():
+    report = sandboxes.probe()
+    data = report.as_dict()
+    for key in (
+        "bubblewrap",
+        "user_namespaces",
+        "seccomp",
+        "landlock_abi",
+        "cgroup",
+        "cgroup_writable",
+        "docker",
+        "auto",
+    ):
+        assert key in data
+    if not report.local_missing:
+        assert report.auto == "local"
+    if report.docker is None:
+        assert report.docker_detail
+
+
+@needs_local
+async def test_refuses_without_isolation_unless_unsafe(monkeypatch):
+    monkeypatch.setattr(jail, "bwrap_version", lambda: None)  # pretend bubblewrap is not installed
+    with pytest.raises(sandboxes.SandboxUnavailable, match="bubblewrap is not installed.*unsafe=True"):
+        async with sandboxes.open("local", workers=1, preload=("refusal-test",)):
+            pass
+    async with sandboxes.open("local", unsafe=True, workers=1, preload=("unsafe-test",)) as sb:
+        r = await sb.run_python("import os; print(os.getcwd()); print(os.environ.get('MOLT_SANDBOX_CANARY_SECRET'))")
+        assert r.status == "ok" and r.provider == "local-unsafe"
+        assert r.stdout.splitlines()[1] == "None"  # even unsafe workers get a scrubbed environment
+        cwd = r.stdout.splitlines()[0]
+        assert "sandboxes-unsafe-" in cwd
+        r = await sb.run_python(
+            "import os\nif os.fork() == 0:\n    os.setsid(); import time; time.sleep(60)\nprint('ok')"
+        )
+        assert r.ok
+    sandboxes.shutdown()
+    assert not os.path.exists(os.path.dirname(cwd))
+
+
+async def test_persistent_session_on_every_provider(provider):
+    options = {"actors": 1, "workers_per_actor": 1} if provider == "ray" else {"workers": 2}
+    async with sandboxes.open(provider, persistent=True, **options) as sb:
+        assert (await sb.run_python("state = [1, 2]")).ok
+        r = await sb.run_python("state.append(3)\nsum(state)")
+        assert (r.status, r.stdout, r.provider) == ("ok", "6\n", provider), r
+        await sb.upload("f.txt", "x")
+        assert (await sb.exec(["cat", "f.txt"])).stdout == "x"
+
+
+@needs_local
+async def test_auto_picks_what_probe_reports():
+    async with sandboxes.open("auto", workers=2) as sb:
+        r = await sb.run_python("print('auto')")
+    assert r.ok and r.provider == sandboxes.probe().auto
+
+
+async def test_docker_without_an_engine_is_a_clear_error(monkeypatch, tmp_path):
+    pytest.importorskip("docker")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    with pytest.raises(sandboxes.SandboxUnavailable, match="no Docker engine answered.*dockerd"):
+        async with sandboxes.open("docker", workers=1, recycle_after=7):
+            pass
+
+
+@pytest.mark.skipif(sandboxes.probe().docker is None, reason="no Docker engine answered")
+async def test_docker_orphans_are_reaped_at_start_up():
+    import docker
+
+    from sandboxes import docker_pool
+
+    client = docker.from_env()
+    try:
+        image = docker_pool.ensure_image(client)
+        dead_owner = f"{docker_pool.socket.gethostname()}:{2**22 + 17}"  # above pid_max: never a live process
+        orphan = client.containers.create(
+            image, command=["true"], labels={docker_pool.LABEL: "1", docker_pool.OWNER_LABEL: dead_owner}
+        )
+        async with sandboxes.open("docker", workers=1, recycle_after=501) as sb:
+            assert (await sb.run_python("print('ok')")).stdout == "ok\n"
+        with pytest.raises(docker.errors.NotFound):
+            client.containers.get(orphan.id)
+    finally:
+        client.close()
+
+
+@needs_local
+async def test_interpreter_the_jail_user_cannot_reach_is_refused(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("only root runs jails under other uids")
+    hidden = tmp_path / "private"
+    hidden.mkdir(mode=0o700)
+    python = hidden / "python3"
+    python.symlink_to("/usr/bin/python3")
+    with pytest.raises(sandboxes.SandboxUnavailable, match="not reachable by the jails"):
+        async with sandboxes.open("local", workers=1, python=str(python)):
+            pass
+
+
+@needs_local
+async def test_snippets_can_use_multiprocessing_and_subprocesses():
+    async with sandboxes.open("local", workers=2) as sb:
+        r = await sb.run_python(
+            "import multiprocessing as mp\n"
+            "def square(x):\n    return x * x\n"
+            "if __name__ == '__main__':\n"
+            "    with mp.Pool(2) as pool:\n        print(pool.map(square, range(5)))\n"
+        )
+        assert (r.status, r.stdout) == ("ok", "[0, 1, 4, 9, 16]\n"), r
+        r = await sb.run_python(
+            "import subprocess\nprint(subprocess.run(['python3', '-c', 'print(7)'], capture_output=True).stdout)"
+        )
+        assert r.stdout == "b'7\\n'\n", r
