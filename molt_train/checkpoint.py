@@ -1,0 +1,75 @@
+"""Checkpoints: ``<output_dir>/checkpoints/step_N/`` holds ``hf/`` (safetensors + tokenizer, loadable by
+``AutoModelForCausalLM``), ``trainer_state.pt`` (optimizer, scheduler, RNG) and ``state.json`` (step, data position).
+
+Everything is written into a temporary directory and renamed into place, and ``latest`` is replaced atomically
+last, so a run killed at any instant leaves either the previous checkpoint or the new one, never half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from molt_train.policy_worker import WorkerGroup
+
+
+def checkpoints_dir(output_dir: str | Path) -> Path:
+    return Path(output_dir) / "checkpoints"
+
+
+def save(group: WorkerGroup, output_dir: str | Path, step: int, tokenizer_path: str, state: dict[str, Any],
+         max_num: int) -> Path:
+    root = checkpoints_dir(output_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    tmp = root / f".tmp-step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    group.call("save", directory=str(tmp), tokenizer_path=tokenizer_path)
+    (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+    final = root / f"step_{step}"
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    _write_atomic(root / "latest", final.name)
+    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-max(max_num, 1)]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def latest(output_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint, or None."""
+    pointer = checkpoints_dir(output_dir) / "latest"
+    if not pointer.is_file():
+        return None
+    path = checkpoints_dir(output_dir) / pointer.read_text().strip()
+    return path if (path / "state.json").is_file() else None
+
+
+def read_state(checkpoint: Path) -> dict[str, Any]:
+    return json.loads((checkpoint / "state.json").read_text())
+
+
+def export_hf(group: WorkerGroup, output_dir: str | Path, tokenizer_path: str) -> Path:
+    """Write the current weights to ``<output_dir>/hf`` atomically (model + tokenizer only)."""
+    out = Path(output_dir)
+    tmp = out / ".tmp-export"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    group.call("save", directory=str(tmp), tokenizer_path=tokenizer_path, with_state=False)
+    final = out / "hf"
+    old = out / ".old-hf"
+    shutil.rmtree(old, ignore_errors=True)
+    if final.exists():
+        os.rename(final, old)
+    os.rename(tmp / "hf", final)
+    shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)

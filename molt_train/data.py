@@ -1,0 +1,96 @@
+"""Training rows: prompts, labels and reference completions from an env's split or a JSONL file.
+
+Rows are ``{"prompt": [chat messages] | str, "label": ..., "reference": str | None}``. ``PromptSampler`` hands out
+batch ``k`` deterministically (a fresh seeded permutation per epoch), so a resumed run continues from the same data
+position. ``encode_sft`` derives the assistant span from the model's own chat template.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+
+def load_rows(cfg: SimpleNamespace, split: str | None = None) -> list[dict[str, Any]]:
+    """Rows of ``--data.prompt_dataset`` when given, else of the env's split (``--data.split`` by default)."""
+    limit = cfg.data.max_samples
+    if cfg.data.prompt_dataset and split is None:
+        return _jsonl_rows(Path(cfg.data.prompt_dataset), cfg.data, limit)
+    if cfg.env is None:
+        raise ValueError(f"split {split!r} needs --env (a --data.prompt_dataset has no splits)")
+    import env_registry
+
+    spec = env_registry.spec(cfg.env)
+    rows = env_registry.load_split(spec, split or cfg.data.split, limit)
+    return [{"prompt": r["prompt"], "label": r["label"], "reference": r["reference"]} for r in rows]
+
+
+def _jsonl_rows(path: Path, data: SimpleNamespace, limit: int | None) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise FileNotFoundError(f"--data.prompt_dataset {str(path)!r} does not exist")
+    rows = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                raw = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}:{n} is not valid JSON: {exc}") from None
+            if data.input_key not in raw:
+                raise ValueError(f"{path}:{n} has no {data.input_key!r} field (fields: {sorted(raw)}); "
+                                 "set --data.input_key")
+            prompt = raw[data.input_key]
+            if isinstance(prompt, str):
+                prompt = [{"role": "user", "content": prompt}]
+            rows.append({"prompt": prompt, "label": raw.get(data.label_key), "reference": raw.get(data.output_key)})
+            if limit is not None and len(rows) >= limit:
+                break
+    if not rows:
+        raise ValueError(f"--data.prompt_dataset {path} has no rows")
+    return rows
+
+
+class PromptSampler:
+    """Batch ``k`` is a fixed slice of a seeded permutation of the rows (a new permutation per epoch)."""
+
+    def __init__(self, num_rows: int, batch_size: int, seed: int) -> None:
+        if batch_size > num_rows:
+            raise ValueError(f"batch size {batch_size} exceeds the {num_rows} rows of the dataset")
+        self.num_rows, self.batch_size, self.seed = num_rows, batch_size, seed
+        self._orders: dict[int, list[int]] = {}
+
+    def batch(self, k: int) -> list[int]:
+        per_epoch = self.num_rows // self.batch_size
+        epoch, pos = divmod(k, per_epoch)
+        if epoch not in self._orders:
+            order = list(range(self.num_rows))
+            random.Random(f"{self.seed}:{epoch}").shuffle(order)
+            self._orders = {epoch: order}
+        return self._orders[epoch][pos * self.batch_size:(pos + 1) * self.batch_size]
+
+
+def encode_sft(tokenizer: Any, prompt: str | list[dict[str, Any]], reference: str,
+               max_len: int) -> tuple[list[int], list[bool]]:
+    """Token ids of prompt + assistant reply, and a loss mask that is True on the reply through its end token.
+
+    The prompt is the template with ``add_generation_prompt`` (exactly what a rollout conditions on); the reply is
+    whatever the template adds after it for the assistant message, up to and including the eos token.
+    """
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    prefix = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": str(reference)}], tokenize=False)
+    if not full.startswith(prefix):
+        raise ValueError("the chat template renders the prompt differently once an assistant reply follows; "
+                         "the assistant span cannot be derived from it")
+    prompt_ids = tokenizer.encode(prefix, add_special_tokens=False)
+    reply_ids = tokenizer.encode(full[len(prefix):], add_special_tokens=False)
+    eos = tokenizer.eos_token_id
+    if eos in reply_ids:
+        reply_ids = reply_ids[:reply_ids.index(eos) + 1]
+    ids = (prompt_ids + reply_ids)[:max_len]
+    mask = ([False] * len(prompt_ids) + [True] * len(reply_ids))[:max_len]
+    return ids, mask

@@ -1,0 +1,57 @@
+"""Per-step metrics: one JSON line per step in ``metrics.jsonl``, TensorBoard scalars, and a rich progress bar."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+
+class MetricsLogger:
+    def __init__(self, output_dir: str | Path, total_steps: int, start_step: int = 0, progress: bool = True,
+                 description: str = "train") -> None:
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("a", encoding="utf-8")
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))
+        self._progress = None
+        if progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                      TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
+            self._task = self._progress.add_task(description, total=total_steps, completed=start_step, status="")
+            self._progress.start()
+
+    def log(self, step: int, metrics: dict[str, Any], status_keys: tuple[str, ...] = ()) -> None:
+        clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+        self._file.write(json.dumps({"step": step, **clean}) + "\n")
+        self._file.flush()
+        for key, value in clean.items():
+            self._tb.add_scalar(key, value, step)
+        if self._progress is not None:
+            status = "  ".join(f"{k.split('/')[-1]}={clean[k]:.3g}" for k in status_keys if k in clean)
+            self._progress.update(self._task, completed=step, status=status)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        self._tb.close()
+        self._file.close()
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, float]]:
+    """The run's metrics, one dict per step; when a resumed run re-logged a step, its last record wins."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist; is {run_dir} a molt-train run directory?")
+    by_step: dict[int, dict[str, float]] = {}
+    with path.open(encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                record = json.loads(line)
+                by_step[int(record["step"])] = {**by_step.get(int(record["step"]), {}), **record}
+    return [by_step[s] for s in sorted(by_step)]

@@ -1,0 +1,271 @@
+"""``PolicyWorker``: one FSDP2 rank of the policy (or of the frozen reference), run as a Ray actor.
+
+A transformers causal LM is sharded with ``fully_shard`` (each decoder layer, then the root), gloo on CPU and NCCL
+on GPU. Log-probs are computed in chunks of ``logprob_chunk_size`` tokens, each recomputed in backward, so the fp32
+full-vocabulary logits of the whole batch never exist at once. ``train_step`` runs one optimizer step over the
+worker's micro-batches; the loss denominators are those of the whole optimizer window (all micro-batches on all
+ranks), and the loss is scaled by the world size because FSDP averages gradients over ranks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from molt_train.algorithms import aggregate, get_policy_loss, is_correction, kl_loss, mismatch_metrics
+
+
+def _chunk_logp(hidden: Tensor, targets: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    logits = (hidden @ weight.t()).float() / temperature
+    return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
+
+
+def _lr_lambda(cfg: dict[str, Any]):
+    """Linear warm-up over ``warmup_steps``, then ``constant`` or ``cosine`` decay to ``min_lr_ratio`` at
+    ``total_steps``."""
+    warmup, total = max(int(cfg.get("warmup_steps", 0)), 0), max(int(cfg.get("total_steps", 1)), 1)
+    schedule, floor = cfg.get("lr_scheduler", "constant"), float(cfg.get("min_lr_ratio", 0.0))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        if schedule == "constant":
+            return 1.0
+        progress = min((step - warmup) / max(total - warmup, 1), 1.0)
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+class LogProbModel(nn.Module):
+    """Wraps a causal LM so one forward returns per-token log-probs of the next tokens, (N, L-1)."""
+
+    def __init__(self, lm: nn.Module, chunk_size: int) -> None:
+        super().__init__()
+        self.lm = lm
+        self.chunk_size = chunk_size
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask,
+                               position_ids=position_ids).last_hidden_state[:, :-1]
+        n, length, width = hidden.shape
+        flat, targets = hidden.reshape(-1, width), input_ids[:, 1:].reshape(-1)
+        weight = self.lm.lm_head.weight
+        chunks = []
+        for s in range(0, flat.shape[0], self.chunk_size):
+            args = (flat[s:s + self.chunk_size], targets[s:s + self.chunk_size], weight, temperature)
+            chunks.append(checkpoint(_chunk_logp, *args, use_reentrant=False) if torch.is_grad_enabled()
+                          else _chunk_logp(*args))
+        return torch.cat(chunks).reshape(n, length).clone()  # FSDP2 warns on view outputs
+
+
+class PolicyWorker:
+    """One rank. ``cfg`` keys: model_path, lr, betas, eps, weight_decay, max_norm, warmup_steps, seed,
+    trainable, logprob_chunk_size, gradient_checkpoint."""
+
+    def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: dict[str, Any]) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
+        if cfg.get("num_threads"):
+            torch.set_num_threads(cfg["num_threads"])
+        self.rank, self.world_size, self.cfg = rank, world_size, cfg
+        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+        torch.manual_seed(cfg["seed"])
+        random.seed(cfg["seed"])
+        lm = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=torch.float32).to(self.device)
+        self.config = lm.config
+        if cfg.get("gradient_checkpoint"):
+            lm.gradient_checkpointing_enable()
+        mesh = init_device_mesh(self.device.type, (world_size,))
+        for layer in lm.model.layers:
+            fully_shard(layer, mesh=mesh)
+        self.model = LogProbModel(lm, cfg["logprob_chunk_size"])
+        fully_shard(self.model, mesh=mesh)
+        self.optimizer = self.scheduler = None
+        if cfg.get("trainable", True):
+            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg["lr"], betas=tuple(cfg["betas"]),
+                                               eps=cfg["eps"], weight_decay=cfg["weight_decay"])
+            self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(cfg))
+        else:
+            self.model.requires_grad_(False)
+
+    # -- forward only (pi_old, reference) --
+    @torch.no_grad()
+    def logprobs(self, micro_batches: list[dict[str, Any]], temperature: float) -> list[Tensor]:
+        self.model.eval()
+        return [self.model(mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device), temperature).cpu()
+                for mb in micro_batches]
+
+    # -- one optimizer step --
+    def train_step(self, micro_batches: list[dict[str, Any]], window: dict[str, Any], loss_cfg: dict[str, Any]) -> dict:
+        """``window``: num_tokens, unit_tokens, num_units (the whole step's denominators). ``loss_cfg``: kind
+        ('rl' | 'sft'), temperature and, for rl, the policy-loss / IS / KL settings."""
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        totals: dict[str, float] = {}
+        tokens_seen, loss_sum = 0, 0.0
+        for mb in micro_batches:
+            mask = mb["action_mask"].to(self.device)
+            logp = self.model(mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device),
+                              loss_cfg["temperature"])
+            if loss_cfg["kind"] == "sft":
+                loss = aggregate(-logp, mask, num_tokens=window["num_tokens"])
+                metrics = {}
+            else:
+                loss, metrics = self._rl_loss(logp, mask, mb, window, loss_cfg)
+            (loss * self.world_size).backward()
+            n = int(mask.sum())
+            loss_sum += float(loss.detach())
+            tokens_seen += n
+            for k, v in metrics.items():
+                totals[k] = totals.get(k, 0.0) + float(v) * n
+        grad_norm = self._clip()
+        self.optimizer.step()
+        lr = self.scheduler.get_last_lr()[0]
+        self.scheduler.step()
+        return {"loss": loss_sum, "tokens": tokens_seen, "grad_norm": grad_norm, "lr": lr, "weighted": totals}
+
+    def _rl_loss(self, logp: Tensor, mask: Tensor, mb: dict[str, Any], window: dict[str, Any],
+                 cfg: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+        rollout_logp = mb["rollout_logp"].to(self.device)
+        old = mb["extra"].get("logp_old")
+        old = logp.detach() if old is None else old.to(self.device)  # one step on fresh samples: pi_old = pi
+        advantages = mb["advantages"].to(self.device)
+        loss_tokens, metrics = get_policy_loss(cfg["loss_mode"])(
+            logp, old, advantages, mask, eps_low=cfg["eps_low"], eps_high=cfg["eps_high"], dual_clip=cfg["dual_clip"])
+        if cfg["is_level"] != "off":
+            weights, is_metrics = is_correction(old, rollout_logp, mask, level=cfg["is_level"], mode=cfg["is_mode"],
+                                                threshold=cfg["is_threshold"])
+            loss_tokens = loss_tokens * weights
+            metrics.update(is_metrics)
+        mode = cfg["loss_agg_mode"]
+        if mode == "token-mean":
+            loss = aggregate(loss_tokens, mask, mode, num_tokens=window["num_tokens"])
+        else:
+            units = mb["rollout_ids"] if mode == "seq-mean-token-mean" else mb["group_ids"]
+            loss = aggregate(loss_tokens, mask, mode, unit_ids=units, unit_tokens=window["unit_tokens"],
+                             num_units=window["num_units"])
+        metrics.update(mismatch_metrics(old, rollout_logp, mask))
+        if cfg["kl_coef"] > 0 and cfg["kl_use_loss"]:
+            ref = mb["extra"].get("logp_ref")
+            ref = rollout_logp if ref is None else ref.to(self.device)
+            kl = kl_loss(logp, ref, mask, estimator=cfg["kl_estimator"], num_tokens=window["num_tokens"])
+            loss = loss + cfg["kl_coef"] * kl
+            metrics["kl_loss"] = kl.detach() * window["num_tokens"] / max(int(mask.sum()), 1)
+        return loss, metrics
+
+    def _clip(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.cfg["max_norm"] or float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+
+    # -- weights and checkpoints --
+    def full_state_dict(self) -> dict[str, Tensor] | None:
+        """The unsharded HF-named weights on rank 0 (None elsewhere); every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        tied = getattr(self.config, "tie_word_embeddings", False)
+        return {k.removeprefix("lm."): v for k, v in sd.items() if not (tied and k == "lm.lm_head.weight")}
+
+    def save(self, directory: str, tokenizer_path: str, with_state: bool = True) -> None:
+        """HF safetensors (+ tokenizer) and the optimizer/scheduler/RNG state; every rank must call it."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        weights = self.full_state_dict()
+        optim = None
+        if with_state and self.optimizer is not None:
+            optim = get_optimizer_state_dict(self.model, self.optimizer,
+                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return
+        out = Path(directory)
+        model = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+        missing, unexpected = model.load_state_dict(weights, strict=False)
+        tied = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
+        if unexpected or set(missing) - tied:
+            raise RuntimeError(f"checkpoint weights do not match the model: missing {missing}, unexpected {unexpected}")
+        model.tie_weights()
+        model.save_pretrained(out / "hf")
+        AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out / "hf")
+        if optim is not None:
+            torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict(),
+                        "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, out / "trainer_state.pt")
+
+    def load_state(self, directory: str) -> None:
+        """Restore optimizer/scheduler/RNG from ``save``'s output (weights come from loading its hf/ dir)."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+        state = torch.load(Path(directory) / "trainer_state.pt", weights_only=False)
+        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
+                                 options=StateDictOptions(full_state_dict=True))
+        self.scheduler.load_state_dict(state["scheduler"])
+        torch.set_rng_state(state["torch_rng"])
+        random.setstate(state["python_rng"])
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class WorkerGroup:
+    """``num_workers`` PolicyWorker Ray actors forming one FSDP2 process group."""
+
+    def __init__(self, num_workers: int, cfg: dict[str, Any], name: str = "policy") -> None:
+        import ray
+
+        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= num_workers else 0
+        actor = ray.remote(num_cpus=0, num_gpus=gpus)(PolicyWorker)
+        addr, port = _free_port()
+        self.workers = [actor.options(name=None).remote(rank, num_workers, addr, port, cfg)
+                        for rank in range(num_workers)]
+        self.name = name
+
+    def call(self, method: str, *per_rank: list[Any], **same: Any) -> list[Any]:
+        """Call ``method`` on every rank (rank i gets ``per_rank[j][i]`` as positional j) and wait for all."""
+        import ray
+
+        refs = [getattr(w, method).remote(*(args[i] for args in per_rank), **same) for i, w in enumerate(self.workers)]
+        return ray.get(refs)
+
+    def call_async(self, method: str, **same: Any) -> list[Any]:
+        return [getattr(w, method).remote(**same) for w in self.workers]
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+        finally:
+            for w in self.workers:
+                ray.kill(w)
+
+
+def _free_port() -> tuple[str, int]:
+    import socket
+
+    import ray
+
+    addr = ray.util.get_node_ip_address()
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return addr, s.getsockname()[1]

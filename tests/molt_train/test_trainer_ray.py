@@ -1,0 +1,316 @@
+"""The trainer end to end on a real local Ray instance (num_cpus=2), real gloo FSDP2 ranks and tiny real models:
+SFT, FSDP2 1-vs-2-worker parity, failure isolation, async overlap, weight-sync equality, checkpoints, report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from molt_envs import Trajectory
+from molt_train.config import parse
+from molt_train.experience import make_experience
+
+AGENTS = Path(__file__).parent / "agents"
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def sft_run(ray_local, tmp_path_factory):
+    from molt_train import sft_cli
+
+    out = tmp_path_factory.mktemp("sft")
+    rc = sft_cli.main(["--env", "molt/arith-v1", "--model.config", "tiny", "--model.hidden_size", "32",
+                       "--ckpt.output_dir", str(out), "--train.num_steps", "15", "--train.batch_size", "32",
+                       "--actor.adam.lr", "3e-3", "--eval.max_samples", "16", "--rollout.max_new_tokens", "4",
+                       "--no-logger.progress"])
+    assert rc == 0
+    return out
+
+
+def test_sft_trains_from_scratch_and_writes_a_loadable_model(sft_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    losses = [json.loads(line)["train/loss"] for line in (sft_run / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 15
+    assert sum(losses[-3:]) / 3 < 0.8 * sum(losses[:3]) / 3  # the assistant-only loss falls
+    model = AutoModelForCausalLM.from_pretrained(sft_run / "hf")
+    tokenizer = AutoTokenizer.from_pretrained(sft_run / "hf")
+    assert model.config.vocab_size == len(tokenizer)
+    assert [t for t in tokenizer.tokenize("12+345=") if t.isdigit()] == list("12345")  # one token per digit
+
+
+def synthetic_experience(tokenizer_dir: Path, rows: int = 12) -> object:
+    """Random token rows with actions at varying spans and random advantages (fixed seed)."""
+    g = torch.Generator().manual_seed(0)
+    trajs = []
+    for i in range(rows):
+        t = Trajectory(reward=float(i % 3), group_id=f"g{i // 4}", rollout_id=f"r{i}")
+        prompt_len, action_len = 3 + i % 4, 2 + (i * 5) % 7
+        t.append_observation(torch.randint(5, 100, (prompt_len,), generator=g).tolist())
+        t.append_action(torch.randint(5, 100, (action_len,), generator=g).tolist(), [-1.0] * action_len)
+        trajs.append(t)
+    exp = make_experience(trajs, max_len=64, pad_id=0)
+    exp.advantages = torch.randn(exp.action_mask.shape, generator=g) * exp.action_mask
+    return exp
+
+
+@pytest.mark.parametrize("agg_mode", ["token-mean", "prompt-mean-token-mean"])
+def test_two_fsdp_workers_give_the_same_update_as_one(sft_run, agg_mode):
+    from molt_train.policy_worker import WorkerGroup
+    from molt_train.trainer import train_window, worker_cfg
+
+    # Adam with eps 1 makes the step ~ lr * grad (linear), so tiny float differences stay tiny after the update
+    cfg = parse("rl", ["--env", "molt/arith-v1", "--actor.model_name_or_path", str(sft_run / "hf"),
+                       "--ckpt.output_dir", "unused", "--actor.adam.lr", "1.0", "--actor.adam.eps", "1.0",
+                       "--actor.max_norm", "0", "--train.max_tokens_per_gpu", "40", "--actor.loss_agg_mode", agg_mode,
+                       "--actor.logprob_chunk_size", "16"])
+    exp = synthetic_experience(sft_run / "hf")
+    loss_cfg = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "eps_high": 0.2,
+                "dual_clip": None, "loss_agg_mode": agg_mode, "is_level": "off", "is_mode": "mask",
+                "is_threshold": (0.5, 5.0), "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
+    states, metrics = [], []
+    for workers in (1, 2):
+        group = WorkerGroup(workers, worker_cfg(cfg, str(sft_run / "hf"), total_steps=1))
+        try:
+            before = group.call("full_state_dict")[0]
+            metrics.append(train_window(group, exp, cfg, 0, loss_cfg))
+            states.append(group.call("full_state_dict")[0])
+        finally:
+            group.shutdown()
+    assert metrics[0]["train/micro_batches"] > 1  # the token budget split the batch
+    assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], abs=1e-5)
+    moved = max(float((states[0][k] - before[k]).abs().max()) for k in before)
+    assert moved > 1e-3
+    for key in states[0]:
+        torch.testing.assert_close(states[1][key], states[0][key], atol=2e-5, rtol=1e-4, msg=key)
+
+
+RL_FLAGS = ["--env", "molt/arith-v1", "--train.agent_path", str(AGENTS / "flaky_arith.py"),
+            "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "4", "--algo.advantage.estimator", "grpo",
+            "--rollout.max_new_tokens", "4", "--eval.max_samples", "16", "--actor.adam.lr", "1e-3",
+            "--no-logger.progress"]
+
+
+@pytest.fixture(scope="module")
+def rl_run(sft_run, tmp_path_factory):
+    from molt_train.trainer import RLTrainer
+
+    out = tmp_path_factory.mktemp("rl")
+    cfg = parse("rl", RL_FLAGS + ["--actor.model_name_or_path", str(sft_run / "hf"), "--ckpt.output_dir", str(out),
+                                  "--train.num_steps", "4", "--ckpt.save_steps", "2", "--actor.num_workers", "2",
+                                  "--algo.advantage.is_correction_level", "geo",
+                                  "--algo.advantage.is_correction_threshold", "0.2", "5"])
+    trainer = RLTrainer(cfg)
+    trainer.run()
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    yield trainer, out, records
+    trainer.shutdown()
+
+
+def test_failed_episodes_are_dropped_counted_and_the_run_goes_on(rl_run):
+    _, _, records = rl_run
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    total = sum(r["rollout/num_rollouts"] for r in records)
+    dropped = sum(r.get("rollout/dropped/failure_step", 0) for r in records)
+    assert 0.05 * total <= dropped <= 0.4 * total  # ~20% injected
+    for r in records:
+        assert r["rollout/kept_rollouts"] + r["rollout/dropped_total"] == r["rollout/num_rollouts"]
+        assert r["rollout/dropped_total"] == r.get("rollout/dropped/failure_step", 0)
+    assert "eval/accuracy" in records[-1]
+    assert all("is_filter_ratio" in r and "mismatch/k3_kl" in r for r in records)
+
+
+def test_rollout_of_the_next_step_overlaps_training(rl_run):
+    _, _, records = rl_run
+    overlaps = [records[k + 1]["timing/rollout_start"] < records[k]["timing/train_end"]
+                for k in range(len(records) - 1)]
+    assert all(overlaps), overlaps
+
+
+def test_force_sync_mode_waits_for_the_weight_sync(sft_run, tmp_path):
+    from molt_train.trainer import RLTrainer
+
+    cfg = parse("rl", RL_FLAGS + ["--actor.model_name_or_path", str(sft_run / "hf"), "--ckpt.output_dir",
+                                  str(tmp_path), "--train.num_steps", "3", "--train.force_sync_mode",
+                                  "--eval.max_samples", "4", "--algo.kl.init_coef", "0.01", "--algo.kl.ref", "model",
+                                  "--algo.kl.use_loss", "--algo.kl.estimator", "k3"])
+    trainer = RLTrainer(cfg)
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for k in range(len(records) - 1):
+        assert records[k + 1]["timing/rollout_start"] >= records[k]["timing/train_end"]
+        # strictly on-policy: the engine sampled with exactly the trainer's weights
+        assert records[k + 1]["mismatch/abs_diff_mean"] < 1e-4
+    assert all("kl_loss" in r and "kl" in r for r in records)  # KL to the frozen reference group, as a loss
+    assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: the policy still equals the reference
+
+
+def test_weight_sync_leaves_engine_weights_equal_to_the_trainer(rl_run):
+    import ray
+
+    trainer, _, records = rl_run
+    engine = ray.get(trainer.rollout.weights.remote())
+    policy = trainer.policy.call("full_state_dict")[0]
+    assert set(engine) == set(policy)
+    for key, value in policy.items():
+        assert torch.equal(engine[key], value), key
+    assert records[-1]["weight_sync/bytes"] == sum(v.numel() * v.element_size() for v in policy.values())
+    assert records[-1]["timing/weight_sync_move_s"] > 0
+
+
+def test_checkpoints_load_with_automodel_and_hold_the_resume_state(rl_run):
+    from transformers import AutoModelForCausalLM
+
+    trainer, out, _ = rl_run
+    ckpt = out / "checkpoints" / "step_2"
+    assert json.loads((ckpt / "state.json").read_text())["step"] == 2
+    assert (out / "checkpoints" / "latest").read_text() == "step_2"
+    state = torch.load(ckpt / "trainer_state.pt", weights_only=False)
+    assert {"optimizer", "scheduler", "torch_rng", "python_rng"} <= set(state)
+    final = AutoModelForCausalLM.from_pretrained(out / "hf")
+    policy = trainer.policy.call("full_state_dict")[0]
+    for key, value in final.state_dict().items():
+        if key != "lm_head.weight":
+            assert torch.equal(value, policy[key]), key
+    AutoModelForCausalLM.from_pretrained(ckpt / "hf")
+    assert not list(out.glob(".tmp*")) and not list((out / "checkpoints").glob(".tmp*"))
+
+
+def test_report_plots_the_run(rl_run):
+    from molt_train import report
+
+    _, out, _ = rl_run
+    assert report.main([str(out)]) == 0
+    png = out / "report.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_sigkill_mid_training_then_resume_loses_at_most_one_step(sft_run, tmp_path):
+    import contextlib
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from molt_train import checkpoint
+
+    out = tmp_path / "rl"
+    cmd = [sys.executable, "-m", "molt_train.cli", "rl", "--env", "molt/arith-v1", "--rollout.batch_size", "8",
+           "--rollout.n_samples_per_prompt", "4", "--algo.advantage.estimator", "rloo", "--rollout.max_new_tokens", "4",
+           "--eval.max_samples", "8", "--actor.model_name_or_path", str(sft_run / "hf"), "--ckpt.output_dir", str(out),
+           "--train.num_steps", "7", "--ckpt.save_steps", "1", "--ray.num_cpus", "2", "--no-logger.progress"]
+    metrics = out / "metrics.jsonl"
+
+    def logged_steps() -> list[int]:
+        return [json.loads(line)["step"] for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+    with (tmp_path / "first.log").open("w") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 240
+        while max(logged_steps(), default=0) < 3:
+            assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "the first run never reached step 3"
+            time.sleep(0.2)
+        os.kill(proc.pid, signal.SIGKILL)  # mid-training: step 4 is in flight
+        proc.wait()
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what this run started in its own session (its local Ray)
+    last_done = max(logged_steps())
+    resumed = checkpoint.read_state(checkpoint.latest(out))["step"]
+    assert last_done - resumed <= 1
+    assert last_done < 7
+
+    second = subprocess.run(cmd + ["--ckpt.load_enable"], capture_output=True, text=True, timeout=300,
+                            start_new_session=True)
+    assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
+    assert f"resumed from step {resumed}" in second.stdout
+    assert sorted(set(logged_steps())) == list(range(1, 8))
+    assert (out / "hf" / "model.safetensors").exists()
+
+
+async def test_segment_lists_share_a_rollout_and_count_once_in_the_group_baseline(sft_run):
+    from molt_train.algorithms import AdvantageInputs, get_estimator
+    from molt_train.rollout import RolloutWorker
+
+    worker = RolloutWorker(str(sft_run / "hf"), env_id=None, agent_path=str(AGENTS / "segmented_arith.py"),
+                           max_len=64, timeout_s=60, max_batch_size=64)
+    worker.set_prompts([{"prompt": [{"role": "user", "content": f"{i}+1="}], "label": str(i + 1)} for i in range(6)],
+                       batch_size=3, seed=0)
+    batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=4, seed=0)
+    trajs = batch["trajectories"]
+    assert len(trajs) == 2 * 12 and batch["num_rollouts"] == 12
+    assert len({t.rollout_id for t in trajs}) == 12 and len({t.group_id for t in trajs}) == 3
+    exp = make_experience(trajs, 64, 0)
+    exp.rewards = torch.tensor([float((i // 2) % 2 == 0) for i in range(len(trajs))])  # a rollout's segments share it
+    adv, _ = get_estimator("rloo")(AdvantageInputs(exp.rewards, exp.action_mask, exp.group_ids, exp.rollout_ids))
+    assert torch.equal(adv[0::2], adv[1::2])  # both segments of a rollout carry its advantage
+    per_rollout = adv[0::2].sum(1) / exp.action_mask[0::2].sum(1)
+    # with segments de-duplicated, each group of 4 rollouts is [1, 0, 1, 0]: leave-one-out gives +-2/3
+    assert torch.allclose(per_rollout.abs(), torch.full_like(per_rollout, 2 / 3))
+
+
+def test_jsonl_prompt_dataset_overrides_the_env_split(tmp_path):
+    from molt_train.data import load_rows
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text('{"q": "2+2=", "a": "4"}\n{"q": "3+4=", "a": "7"}\n')
+    cfg = parse("rl", ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "o",
+                       "--data.prompt_dataset", str(data), "--data.input_key", "q", "--data.label_key", "a"])
+    rows = load_rows(cfg)
+    assert rows[1] == {"prompt": [{"role": "user", "content": "3+4="}], "label": "7", "reference": None}
+    assert load_rows(cfg, "test")[0]["prompt"][-1]["content"].endswith("=")  # eval still reads the env's split
+    cfg.data.input_key = "question"
+    with pytest.raises(ValueError, match="set --data.input_key"):
+        load_rows(cfg)
+
+
+async def test_chat_agent_rollouts_become_trainable_rows(sft_run):
+    from molt_envs.chat_runner import close_session_servers
+    from molt_train.rollout import RolloutWorker
+
+    worker = RolloutWorker(str(sft_run / "hf"), env_id=None, agent_path=str(AGENTS / "chat_arith.py"),
+                           max_len=64, timeout_s=60, max_batch_size=64)
+    worker.set_prompts([{"prompt": [{"role": "user", "content": f"{i}+2="}], "label": str(i + 2)} for i in range(4)],
+                       batch_size=2, seed=0)
+    try:
+        batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=2, seed=0)
+    finally:
+        await close_session_servers()
+    assert batch["dropped"] == {} and batch["num_rollouts"] == 4
+    trajs = batch["trajectories"]
+    assert len({t.rollout_id for t in trajs}) == 4 and len({t.group_id for t in trajs}) == 2
+    exp = make_experience(trajs, 64, 0)
+    assert (exp.action_mask.sum(1) > 0).all()
+    for t, mask, logp in zip(trajs, exp.action_mask, exp.rollout_logp, strict=True):
+        assert torch.allclose(logp[mask], torch.tensor([t.log_probs[i] for i in range(1, len(t.token_ids))
+                                                        if t.action_mask()[i]]))
+
+
+async def test_timeouts_and_raising_runners_are_dropped_by_reason(sft_run):
+    from molt_train.rollout import RolloutWorker
+
+    worker = RolloutWorker(str(sft_run / "hf"), env_id=None, agent_path=str(AGENTS / "misbehaving.py"),
+                           max_len=64, timeout_s=1.0, max_batch_size=64)
+    prompts = ["hang", "raise", "1+1="]
+    worker.set_prompts([{"prompt": [{"role": "user", "content": p}], "label": "2"} for p in prompts], 3, seed=0)
+    batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=2, seed=0)
+    assert batch["dropped"] == {"timeout": 2, "runner_RuntimeError": 2}
+    assert len(batch["trajectories"]) == 2 and batch["end"] - batch["start"] < 10
