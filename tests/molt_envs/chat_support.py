@@ -1,4 +1,4 @@
-"""Shared pieces of the session-server tests: engines that record or script what the model says, a server fixture."""
+"""Shared pieces of the molt_envs tests: engines that record or script what the model says."""
 
 from __future__ import annotations
 

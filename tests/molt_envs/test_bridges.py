@@ -7,13 +7,14 @@ import functools
 import gymnasium
 import numpy as np
 import pytest
+from chat_support import ScriptedEngine
 from gymnasium import spaces
 from gymnasium.utils.env_checker import check_env
 from pettingzoo import AECEnv
 from pettingzoo.test import api_test
 from pettingzoo.utils import AgentSelector
 
-from molt_envs import Generation, SamplingParams, StepEnvRunner
+from molt_envs import SamplingParams, StepEnvRunner
 from molt_envs.bridges import GymnasiumEnv, PettingZooEnv
 
 
@@ -97,15 +98,6 @@ def digit(text: str) -> int:
     return int(text)
 
 
-class ScriptedEngine:
-    def __init__(self, tokenizer, completions):
-        self.tokenizer, self.completions = tokenizer, list(completions)
-
-    async def generate(self, prompt_ids, params, images=None):
-        ids = self.tokenizer.encode(self.completions.pop(0), add_special_tokens=False)
-        return Generation(ids, [-1.0] * len(ids), "stop")
-
-
 def test_the_fixture_envs_pass_their_own_libraries_checkers():
     check_env(GuessNumber(), skip_render_check=True)
     api_test(HighCard(), num_cycles=20)
@@ -118,7 +110,7 @@ async def test_gymnasium_episode_through_the_runner(tiny_tokenizer):
     wrong = (secret + 5) % 10
     factory = functools.partial(GymnasiumEnv, "molt-test/GuessNumber-v0", seed=7,
                                 action_parser=f"{__name__}:digit")
-    engine = ScriptedEngine(tiny_tokenizer, [f"{wrong}<|im_end|>", f"{secret}<|im_end|>"])
+    engine = ScriptedEngine(tiny_tokenizer, [str(wrong), str(secret)])
     traj = await StepEnvRunner(factory).execute("", None, SamplingParams(max_tokens=4), 512, tiny_tokenizer, engine)
     assert traj.ok, traj.failure
     assert traj.num_turns == 2 and traj.reward == 1.0 and traj.info["total_reward"] == 1.0

@@ -3,32 +3,21 @@
 from __future__ import annotations
 
 import pytest
+from chat_support import ScriptedEngine
 
 import env_registry
 import sandboxes
-from molt_envs import Generation, SamplingParams
+from molt_envs import SamplingParams
 from molt_envs.tools import ToolBox, format_result, truncate_for_model
 
 needs_sandbox = pytest.mark.skipif(sandboxes.probe().auto is None,
                                    reason="no sandbox provider works on this host (see sandboxes.probe())")
 
 
-class ScriptedEngine:
-    """Emits fixed completions turn by turn (a test double for the model; the env and sandbox are real)."""
-
-    def __init__(self, tokenizer, completions):
-        self.tokenizer, self.completions, self.calls = tokenizer, list(completions), []
-
-    async def generate(self, prompt_ids, params, images=None):
-        self.calls.append(list(prompt_ids))
-        ids = self.tokenizer.encode(self.completions.pop(0), add_special_tokens=False)
-        return Generation(ids, [-0.5] * len(ids), "stop")
-
-
 @needs_sandbox
 async def test_tool_call_runs_in_the_sandbox_and_answer_is_graded(tiny_tokenizer):
     code_call = '<tool_call>\n{"name": "python_executor", "arguments": {"code": "print(123 * 456 - 7)"}}\n</tool_call>'
-    engine = ScriptedEngine(tiny_tokenizer, [code_call + "<|im_end|>", "\\boxed{56081}<|im_end|>"])
+    engine = ScriptedEngine(tiny_tokenizer, [code_call, "\\boxed{56081}"])  # the model is scripted; env and sandbox are real
     runner = env_registry.runner_for("molt/python-tool-v1")
     traj = await runner.execute("What is 123 * 456 - 7?", "56081", SamplingParams(max_tokens=64), 1024,
                                 tiny_tokenizer, engine)
@@ -40,7 +29,7 @@ async def test_tool_call_runs_in_the_sandbox_and_answer_is_graded(tiny_tokenizer
     (_, first_end), (second_start, _) = traj.action_ranges
     feedback = traj.token_ids[first_end:second_start]
     assert "56081" in tiny_tokenizer.decode(feedback) and all(lp == 0.0 for lp in traj.log_probs[first_end:second_start])
-    assert engine.calls[1] == traj.token_ids[:second_start]
+    assert engine.calls[1][0] == traj.token_ids[:second_start]
 
 
 @needs_sandbox

@@ -3,21 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from chat_support import RecordingEngine
 from PIL import Image
 
 from molt_envs import Env, Result, SamplingParams, StepEnvRunner, Trajectory, load_agent_runner
-
-
-class RecordingEngine:
-    """Wraps the real engine and remembers what it was asked to generate over."""
-
-    def __init__(self, engine):
-        self.engine, self.calls = engine, []
-
-    async def generate(self, prompt_ids, params, images=None):
-        gen = await self.engine.generate(prompt_ids, params, images)
-        self.calls.append((list(prompt_ids), params, gen))
-        return gen
 
 
 class OneTurn(Env):
