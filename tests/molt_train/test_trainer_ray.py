@@ -314,3 +314,22 @@ async def test_timeouts_and_raising_runners_are_dropped_by_reason(sft_run):
     batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=2, seed=0)
     assert batch["dropped"] == {"timeout": 2, "runner_RuntimeError": 2}
     assert len(batch["trajectories"]) == 2 and batch["end"] - batch["start"] < 10
+
+
+def test_one_rl_step_through_the_registered_chat_agent(sft_run, tmp_path):
+    """`molt/chat-gsm8k-v1` (stock OpenAI SDK against the session server) feeds a real RL step."""
+    from molt_train.trainer import RLTrainer
+
+    cfg = parse("rl", ["--env", "molt/chat-gsm8k-v1", "--actor.model_name_or_path", str(sft_run / "hf"),
+                       "--ckpt.output_dir", str(tmp_path), "--train.num_steps", "1", "--rollout.batch_size", "2",
+                       "--rollout.n_samples_per_prompt", "2", "--algo.advantage.estimator", "grpo",
+                       "--rollout.max_new_tokens", "8", "--eval.max_samples", "2", "--no-logger.progress"])
+    trainer = RLTrainer(cfg)
+    try:
+        trainer.run()
+    finally:
+        trainer.shutdown()
+    (record,) = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert record["step"] == 1 and record["rollout/num_rollouts"] == 4
+    assert record["rollout/dropped_total"] == 0 and record["rollout/kept_rollouts"] == 4
+    assert record["train/tokens"] > 0  # the captured segments' action tokens were trained on
