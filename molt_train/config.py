@@ -7,11 +7,14 @@ defaults and refuses combinations that would silently train the wrong thing, wit
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
+from molt_train.actor_backend import AUTOMODEL_INSTALL_HINT, BACKENDS
 from molt_train.algorithms import (
     ESTIMATORS,
     IS_LEVELS,
@@ -22,6 +25,7 @@ from molt_train.algorithms import (
     RewardShaping,
     validate_is_config,
 )
+from molt_train.engines.vllm import VLLM_FLAGS, VLLM_INSTALL_HINT, VLLMOptions
 
 GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "grpo", "dr_grpo")
 
@@ -43,6 +47,9 @@ COMMON_FLAGS: list[_Flag] = [
     ("--ray.num_cpus", int, None, "CPUs of the local Ray instance (default: all)"),
     ("--actor.model_name_or_path", str, None, "HF checkpoint directory of the policy"),
     ("--actor.num_workers", int, 1, "FSDP2 trainer processes (gloo on CPU, NCCL on GPU)"),
+    ("--actor.backend", str, "hf", f"policy model library, one of {BACKENDS}: hf (transformers) | automodel "
+                                   "(NeMo AutoModel; needs CUDA and nemo_automodel)"),
+    ("--actor.freeze_moe_router", bool, False, "keep MoE router weights at their checkpoint values (MoE models only)"),
     ("--actor.adam.lr", float, 1e-6, "AdamW learning rate"),
     ("--actor.adam.betas", (float, 2), (0.9, 0.95), "AdamW betas"),
     ("--actor.adam.eps", float, 1e-8, "AdamW eps"),
@@ -84,7 +91,14 @@ RL_FLAGS: list[_Flag] = [
     ("--train.max_epochs", int, 1, "passes over each rollout batch"),
     ("--train.async_queue_size", int, 1, "rollout batches in flight ahead of training (rollout k+1 overlaps step k)"),
     ("--train.force_sync_mode", bool, False, "strictly on-policy: the next rollout starts only after the weight sync"),
-    ("--rollout.engine", str, "hf", "rollout engine: hf (transformers; CPU or GPU) | vllm (reserved for GPU)"),
+    ("--train.partial_rollout_enable", bool, False, "sync weights while rollouts are in flight: the vllm engine "
+                                                    "pauses them, loads, and resumes on the new weights (needs IS correction)"),
+    ("--train.colocate_all", bool, False, "trainer ranks, reference and rollout engine share the GPU (fractional Ray "
+                                          "GPUs); the vllm engine then syncs by CUDA IPC"),
+    ("--train.check_weight_update_equal", bool, False, "after every weight sync compare each engine parameter with "
+                                                       "the trainer's; a stale or unreached one stops the run, named"),
+    ("--rollout.engine", str, "hf", "rollout engine: hf (transformers; CPU or GPU) | vllm (CUDA, with "
+                                    "--train.colocate_all)"),
     ("--rollout.batch_size", int, 16, "prompts per rollout batch"),
     ("--rollout.n_samples_per_prompt", int, 1, "samples per prompt (a group)"),
     ("--rollout.max_new_tokens", int, 256, "generated tokens per turn at most"),
@@ -129,7 +143,7 @@ EVAL_FLAGS: list[_Flag] = [
 ]
 
 COMMAND_FLAGS = {
-    "rl": COMMON_FLAGS + RL_FLAGS,
+    "rl": COMMON_FLAGS + RL_FLAGS + VLLM_FLAGS,
     "sft": COMMON_FLAGS + MODEL_FLAGS + SFT_FLAGS + EVAL_FLAGS,
     "eval": COMMON_FLAGS + EVAL_FLAGS,
 }
@@ -171,6 +185,8 @@ def parse(command: str, argv: Sequence[str] | None) -> SimpleNamespace:
     cfg = hierarchize(vars(parser.parse_args(argv)))
     try:
         {"rl": validate_rl, "sft": validate_sft, "eval": validate_eval}[command](cfg)
+        if command != "eval":
+            require_installed(cfg)
     except ConfigError as exc:
         parser.error(str(exc))
     return cfg
@@ -191,6 +207,7 @@ def _validate_common(cfg: SimpleNamespace) -> None:
     if cfg.actor.num_workers < 1:
         raise ConfigError(f"--actor.num_workers must be >= 1, got {cfg.actor.num_workers}")
     _choice("--actor.lr_scheduler", cfg.actor.lr_scheduler, ("constant", "cosine"))
+    _choice("--actor.backend", cfg.actor.backend, BACKENDS)
     for name in ("micro_batch_size", "max_tokens_per_gpu"):
         if getattr(cfg.train, name) < 1:
             raise ConfigError(f"--train.{name} must be >= 1, got {getattr(cfg.train, name)}")
@@ -202,9 +219,7 @@ def validate_rl(cfg: SimpleNamespace) -> None:
         raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
     if cfg.actor.model_name_or_path is None:
         raise ConfigError("--actor.model_name_or_path is required (e.g. runs/sft/hf from `molt-train sft`)")
-    if cfg.rollout.engine != "hf":
-        raise ConfigError(f"--rollout.engine {cfg.rollout.engine!r} is not available here: 'vllm' is reserved for "
-                          "the GPU build; use --rollout.engine hf")
+    _validate_engine(cfg)
     adv, algo = cfg.algo.advantage, cfg.algo
     _choice("--algo.advantage.estimator", adv.estimator, sorted(ESTIMATORS))
     _choice("--actor.loss_mode", cfg.actor.loss_mode, sorted(POLICY_LOSSES))
@@ -234,8 +249,8 @@ def validate_rl(cfg: SimpleNamespace) -> None:
         raise ConfigError(f"--algo.kl.init_coef must be >= 0, got {algo.kl.init_coef}")
     queue = 0 if cfg.train.force_sync_mode else cfg.train.async_queue_size
     try:
-        validate_is_config(adv.is_correction_level, adv.is_correction_mode, queue, False, cfg.rollout.top_p,
-                           adv.is_correction_threshold)
+        validate_is_config(adv.is_correction_level, adv.is_correction_mode, queue, cfg.train.partial_rollout_enable,
+                           cfg.rollout.top_p, adv.is_correction_threshold)
         reward_shaping(cfg)
     except ValueError as exc:
         raise ConfigError(_flagged(str(exc))) from None
@@ -244,6 +259,60 @@ def validate_rl(cfg: SimpleNamespace) -> None:
                           f"{cfg.rollout.top_p} renormalises away; use --rollout.top_p 1.0 or --algo.kl.ref model")
     if cfg.train.batch_size < 0 or cfg.train.max_epochs < 1:
         raise ConfigError("--train.batch_size must be >= 0 and --train.max_epochs >= 1")
+
+
+def _validate_engine(cfg: SimpleNamespace) -> None:
+    """``--rollout.engine`` and what goes with it: vllm runs colocated on one GPU (CUDA IPC weight sync); a
+    partial rollout (a sync with requests in flight) is the vllm engine's pause/resume."""
+    engine, train = cfg.rollout.engine, cfg.train
+    _choice("--rollout.engine", engine, ("hf", "vllm"))
+    if train.partial_rollout_enable and engine != "vllm":
+        raise ConfigError("--train.partial_rollout_enable pauses and resumes requests inside the vllm engine; "
+                          "add --rollout.engine vllm")
+    if train.partial_rollout_enable and train.force_sync_mode:
+        raise ConfigError("--train.partial_rollout_enable syncs weights under rollouts in flight, which "
+                          "--train.force_sync_mode forbids; drop one of them")
+    if engine != "vllm":
+        return
+    try:
+        options = vllm_options(cfg)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if not train.colocate_all:
+        raise ConfigError("--rollout.engine vllm runs colocated with the trainer on one GPU here: add "
+                          "--train.colocate_all (the NCCL sync to an engine on GPUs of its own is not wired into "
+                          "the trainer)")
+    if cfg.actor.num_workers != 1 or options.tensor_parallel_size != 1 or options.data_parallel_size != 1:
+        raise ConfigError(f"--train.colocate_all with --rollout.engine vllm is the one-GPU path: it needs "
+                          f"--actor.num_workers 1 --vllm.tensor_parallel_size 1 --vllm.data_parallel_size 1, got "
+                          f"{cfg.actor.num_workers}, {options.tensor_parallel_size}, {options.data_parallel_size}")
+    if options.enable_sleep and not train.force_sync_mode:
+        raise ConfigError("--vllm.enable_sleep frees the engine while the trainer trains, so rollout and training "
+                          "must take turns: add --train.force_sync_mode")
+    if options.max_model_len < cfg.data.max_len:
+        raise ConfigError(f"--vllm.max_model_len {options.max_model_len} is shorter than --data.max_len "
+                          f"{cfg.data.max_len}; raise it or drop it (default: --data.max_len)")
+
+
+def vllm_options(cfg: SimpleNamespace) -> VLLMOptions:
+    """The engine's options from ``--vllm.*``, seeded by ``--train.seed``, sized to ``--data.max_len``."""
+    options = VLLMOptions.from_namespace(cfg.vllm)
+    return replace(options, seed=cfg.train.seed, max_model_len=options.max_model_len or cfg.data.max_len)
+
+
+def require_installed(cfg: SimpleNamespace) -> None:
+    """Optional packages the chosen engine / backend import, checked before anything starts."""
+    if getattr(cfg.rollout, "engine", "hf") == "vllm" and not _importable("vllm"):
+        raise ConfigError(f"{VLLM_INSTALL_HINT} (vllm is not importable in this environment)")
+    if cfg.actor.backend == "automodel" and not _importable("nemo_automodel"):
+        raise ConfigError(f"{AUTOMODEL_INSTALL_HINT} (nemo_automodel is not importable in this environment)")
+
+
+def _importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken or half-initialised install
+        return False
 
 
 def validate_sft(cfg: SimpleNamespace) -> None:
@@ -279,6 +348,7 @@ _FLAG_NAMES = {
     "is_correction_mode": "--algo.advantage.is_correction_mode",
     "is_correction_threshold": "--algo.advantage.is_correction_threshold",
     "async_queue_size": "--train.async_queue_size",
+    "partial_rollout": "--train.partial_rollout_enable",
     "top_p": "--rollout.top_p",
     "overlong_buffer_len": "--reward.overlong_buffer_len",
     "stop_properly_penalty_coef": "--reward.stop_properly_penalty_coef",

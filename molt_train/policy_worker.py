@@ -20,6 +20,7 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from molt_train.actor_backend import load_policy_model
 from molt_train.algorithms import aggregate, get_policy_loss, is_correction, kl_loss, mismatch_metrics
 
 
@@ -69,13 +70,12 @@ class LogProbModel(nn.Module):
 
 
 class PolicyWorker:
-    """One rank. ``cfg`` keys: model_path, lr, betas, eps, weight_decay, max_norm, warmup_steps, seed,
-    trainable, logprob_chunk_size, gradient_checkpoint."""
+    """One rank. ``cfg`` keys: model_path, backend, freeze_moe_router, lr, betas, eps, weight_decay, max_norm,
+    warmup_steps, seed, trainable, logprob_chunk_size, gradient_checkpoint."""
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: dict[str, Any]) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
-        from transformers import AutoModelForCausalLM
         from transformers.utils import logging
 
         logging.disable_progress_bar()
@@ -87,7 +87,8 @@ class PolicyWorker:
         dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
         torch.manual_seed(cfg["seed"])
         random.seed(cfg["seed"])
-        lm = AutoModelForCausalLM.from_pretrained(cfg["model_path"], dtype=torch.float32).to(self.device)
+        lm = load_policy_model(cfg.get("backend", "hf"), cfg["model_path"], dtype=torch.float32,
+                               freeze_moe_router=cfg.get("freeze_moe_router", False)).to(self.device)
         self.config = lm.config
         if cfg.get("gradient_checkpoint"):
             lm.gradient_checkpointing_enable()
@@ -97,6 +98,7 @@ class PolicyWorker:
         self.model = LogProbModel(lm, cfg["logprob_chunk_size"])
         fully_shard(self.model, mesh=mesh)
         self.optimizer = self.scheduler = None
+        self._shared: list[Any] = []  # weight buckets a colocated engine is reading by CUDA IPC
         if cfg.get("trainable", True):
             self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg["lr"], betas=tuple(cfg["betas"]),
                                                eps=cfg["eps"], weight_decay=cfg["weight_decay"])
@@ -176,15 +178,39 @@ class PolicyWorker:
         return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
 
     # -- weights and checkpoints --
-    def full_state_dict(self) -> dict[str, Tensor] | None:
-        """The unsharded HF-named weights on rank 0 (None elsewhere); every rank must call it."""
+    def full_state_dict(self, cpu_offload: bool = True) -> dict[str, Tensor] | None:
+        """The unsharded HF-named weights on rank 0 (None elsewhere), in CPU memory or, without ``cpu_offload``,
+        on this rank's device; every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload))
         if self.rank != 0:
             return None
         tied = getattr(self.config, "tie_word_embeddings", False)
         return {k.removeprefix("lm."): v for k, v in sd.items() if not (tied and k == "lm.lm_head.weight")}
+
+    def share_weights(self, dtype: str, bucket_bytes: int) -> tuple[list[bytes], int] | None:
+        """Rank 0: the full weights cast to the engine's ``dtype`` ('auto' keeps them), packed into GPU buckets and
+        shared by CUDA IPC with a rollout engine on this GPU: (payloads, bytes). The buckets stay alive until
+        ``release_shared``. Every rank must call it."""
+        from molt_train.engines.weight_buckets import pack, share
+
+        weights = self.full_state_dict(cpu_offload=False)
+        if weights is None:
+            return None
+        if self.device.type != "cuda":
+            raise RuntimeError("sharing weights by CUDA IPC needs the trainer on a GPU; this rank runs on the CPU")
+        target = None if dtype == "auto" else getattr(torch, dtype)
+        items = ((name, t if target is None else t.to(target)) for name, t in weights.items())
+        self._shared = list(pack(items, bucket_bytes, device=self.device))
+        del weights
+        return [share(bucket) for bucket in self._shared], sum(bucket.nbytes for bucket in self._shared)
+
+    def release_shared(self) -> None:
+        """Drop the buckets of ``share_weights`` once the engine has loaded them."""
+        self._shared = []
+        if self.device.type == "cuda":
+            torch.cuda.ipc_collect()
 
     def save(self, directory: str, tokenizer_path: str, with_state: bool = True) -> None:
         """HF safetensors (+ tokenizer) and the optimizer/scheduler/RNG state; every rank must call it."""
@@ -228,12 +254,13 @@ class PolicyWorker:
 
 
 class WorkerGroup:
-    """``num_workers`` PolicyWorker Ray actors forming one FSDP2 process group."""
+    """``num_workers`` PolicyWorker Ray actors forming one FSDP2 process group; each takes ``gpu_fraction`` of a
+    GPU when the cluster has GPUs (below 1: colocated with other actors on that GPU)."""
 
-    def __init__(self, num_workers: int, cfg: dict[str, Any], name: str = "policy") -> None:
+    def __init__(self, num_workers: int, cfg: dict[str, Any], name: str = "policy", gpu_fraction: float = 1.0) -> None:
         import ray
 
-        gpus = 1 if ray.cluster_resources().get("GPU", 0) >= num_workers else 0
+        gpus = gpu_fraction if ray.cluster_resources().get("GPU", 0) >= num_workers * gpu_fraction else 0
         actor = ray.remote(num_cpus=0, num_gpus=gpus)(PolicyWorker)
         addr, port = _free_port()
         self.workers = [actor.options(name=None).remote(rank, num_workers, addr, port, cfg)

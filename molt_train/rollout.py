@@ -1,5 +1,10 @@
-"""``RolloutWorker``: a Ray actor hosting the hf engine and the agent runner; it turns prompt batches into groups
-of trajectories, feeds the async queue, evaluates on held-out splits, and takes weight syncs.
+"""``RolloutWorker``: a Ray actor hosting the rollout engine (hf, or vllm started by ``start_vllm``) and the agent
+runner; it turns prompt batches into groups of trajectories, feeds the async queue, evaluates on held-out splits,
+and takes weight syncs.
+
+Weight syncs and rollouts in flight: the hf engine swaps weights between two decode steps. The vllm engine pauses
+the requests in flight, loads and resumes them on the new weights only with ``partial_rollout``; otherwise a sync
+waits until the batch being generated is complete, so every trajectory comes from one set of weights.
 
 Every prompt gets ``n_samples_per_prompt`` rollouts sharing a ``group_id``; a runner may return one Trajectory or a
 list of segment Trajectories sharing a ``rollout_id``. An episode that fails (the runner records a failure, raises,
@@ -9,6 +14,7 @@ or exceeds the timeout) or cannot be trained on is dropped whole and counted by 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import time
 from typing import Any
@@ -28,11 +34,23 @@ def episode_seed(seed: int, step: int, row: int, sample: int) -> int:
 
 class RolloutWorker:
     def __init__(self, model_path: str, *, env_id: str | None, agent_path: str | None, max_len: int,
-                 timeout_s: float, max_batch_size: int, num_threads: int | None = None) -> None:
+                 timeout_s: float, max_batch_size: int, num_threads: int | None = None, engine: str = "hf",
+                 partial_rollout: bool = False) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
-        self.engine = HFEngine.from_pretrained(model_path, max_batch_size=max_batch_size)
-        self.tokenizer = self.engine.tokenizer
+        self.model_path = model_path
+        if engine == "hf":
+            self.engine: Any = HFEngine.from_pretrained(model_path, max_batch_size=max_batch_size)
+            self.tokenizer = self.engine.tokenizer
+        elif engine == "vllm":
+            from transformers import AutoTokenizer
+
+            self.engine = None  # start_vllm, on this actor's event loop
+            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        else:
+            raise ValueError(f"unknown rollout engine {engine!r}; choose hf or vllm")
+        self.whole_batches = engine == "vllm" and not partial_rollout
+        self._batch_lock: asyncio.Lock | None = None
         if agent_path:
             self.runner = load_agent_runner(agent_path)
         else:
@@ -42,6 +60,13 @@ class RolloutWorker:
         self.max_len, self.timeout_s = max_len, timeout_s
         self.rows: list[dict[str, Any]] = []
         self.sampler: PromptSampler | None = None
+
+    async def start_vllm(self, options: Any) -> None:
+        """Start the vLLM engine (``VLLMOptions``) on the loop that will generate from it; blocks that loop the
+        40-80 s vLLM takes to start, before any rollout exists."""
+        from molt_train.engines.vllm import VLLMEngine
+
+        self.engine = VLLMEngine(self.model_path, options, tokenizer=self.tokenizer)
 
     def set_prompts(self, rows: list[dict[str, Any]], batch_size: int, seed: int) -> None:
         self.rows, self.sampler = rows, PromptSampler(len(rows), batch_size, seed)
@@ -55,7 +80,8 @@ class RolloutWorker:
         for i in self.sampler.batch(step):
             for j in range(n_samples):
                 jobs.append(self._episode(self.rows[i], base.updated(seed=episode_seed(seed, step, i, j)), f"{step}:{i}"))
-        results = await asyncio.gather(*jobs)
+        async with self._whole_batch():
+            results = await asyncio.gather(*jobs)
         kept: list[Trajectory] = []
         dropped: dict[str, int] = {}
         for segments, reason in results:
@@ -107,12 +133,69 @@ class RolloutWorker:
                 "response_length": sum(lengths) / max(len(lengths), 1)}
 
     # -- weights --
-    async def update_weights(self, state_dict: dict[str, torch.Tensor]) -> dict[str, float]:
-        await asyncio.to_thread(self.engine.update_weights, state_dict.items())
-        return dict(self.engine.last_sync)
+    def _whole_batch(self) -> contextlib.AbstractAsyncContextManager:
+        """Held by a batch being generated and by a sync when syncs must not split a batch."""
+        if not self.whole_batches:
+            return contextlib.nullcontext()
+        if self._batch_lock is None:
+            self._batch_lock = asyncio.Lock()
+        return self._batch_lock
+
+    async def update_weights(self, state_dict: dict[str, torch.Tensor], check: bool = False) -> dict[str, float]:
+        """hf engine: copy CPU tensors in; ``check`` then compares every engine parameter with them."""
+        async with self._whole_batch():
+            await asyncio.to_thread(self.engine.update_weights, state_dict.items())
+            timing = dict(self.engine.last_sync)
+            if check:
+                params = dict(self.engine.model.named_parameters())
+                problems = await asyncio.to_thread(compare_weights, params, state_dict)
+                timing["weight_sync/checked_params"] = float(raise_if_unequal(problems, len(params)))
+        return timing
+
+    async def load_shared_weights(self, payloads: list[bytes], nbytes: int, check: bool = False) -> dict[str, float]:
+        """vllm engine: load the trainer's CUDA-IPC buckets (``weight_buckets.share`` on this GPU); ``check`` loads
+        them again through the engine's equality check. The trainer keeps the buckets alive until this returns."""
+        from molt_train.engines.weight_buckets import open_shared, unpack
+
+        async with self._whole_batch():
+            await self.engine.load_shared_buckets(payloads, nbytes=nbytes)
+            timing = dict(self.engine.last_sync)
+            if check:
+                named = [item for payload in payloads for item in unpack(*open_shared(payload))]
+                problems = await self.engine.check_weight_update_equal(named)
+                timing["weight_sync/checked_params"] = float(raise_if_unequal(problems, len(named)))
+                del named
+        return timing
 
     def weights(self) -> dict[str, torch.Tensor]:
         return {k: v.detach().clone() for k, v in self.engine.model.named_parameters()}
 
+    async def sleep(self) -> None:
+        await self.engine.sleep()
+
+    async def wake_up(self) -> None:
+        await self.engine.wake_up()
+
     def engine_stats(self) -> dict[str, int]:
         return dict(self.engine.stats)
+
+    def shutdown(self) -> None:
+        if hasattr(self.engine, "shutdown"):  # vllm: its engine-core process
+            self.engine.shutdown()
+
+
+def compare_weights(params: dict[str, torch.Tensor], trainer: dict[str, torch.Tensor]) -> list[str]:
+    """``"stale: name"`` for each engine parameter unequal to the trainer's tensor (cast to its dtype),
+    ``"uncovered: name"`` for each the trainer did not send."""
+    problems = [f"uncovered: {name}" for name in params if name not in trainer]
+    problems += [f"stale: {name}" for name, param in params.items()
+                 if name in trainer and not torch.equal(param.detach(), trainer[name].to(param.device, param.dtype))]
+    return problems
+
+
+def raise_if_unequal(problems: list[str], checked: int) -> int:
+    if problems:
+        raise RuntimeError(f"--train.check_weight_update_equal: after the weight sync {len(problems)} engine "
+                           f"parameters differ from the trainer's: {', '.join(problems[:20])}"
+                           + (" ..." if len(problems) > 20 else ""))
+    return checked

@@ -144,7 +144,8 @@ def test_force_sync_mode_waits_for_the_weight_sync(sft_run, tmp_path):
     cfg = parse("rl", RL_FLAGS + ["--actor.model_name_or_path", str(sft_run / "hf"), "--ckpt.output_dir",
                                   str(tmp_path), "--train.num_steps", "3", "--train.force_sync_mode",
                                   "--eval.max_samples", "4", "--algo.kl.init_coef", "0.01", "--algo.kl.ref", "model",
-                                  "--algo.kl.use_loss", "--algo.kl.estimator", "k3"])
+                                  "--algo.kl.use_loss", "--algo.kl.estimator", "k3",
+                                  "--train.check_weight_update_equal"])
     trainer = RLTrainer(cfg)
     try:
         trainer.run()
@@ -157,6 +158,8 @@ def test_force_sync_mode_waits_for_the_weight_sync(sft_run, tmp_path):
         assert records[k + 1]["mismatch/abs_diff_mean"] < 1e-4
     assert all("kl_loss" in r and "kl" in r for r in records)  # KL to the frozen reference group, as a loss
     assert records[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: the policy still equals the reference
+    assert all(r["weight_sync/checked_params"] > 0 for r in records)  # every sync compared, none stale
+    assert all({"mismatch/bitwise_frac", "mismatch/abs_diff_mean", "mismatch/k3_kl"} <= set(r) for r in records)
 
 
 def test_weight_sync_leaves_engine_weights_equal_to_the_trainer(rl_run):
