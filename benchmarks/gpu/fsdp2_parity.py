@@ -1,0 +1,94 @@
+"""Two-way FSDP2 on two GPUs gives the same update as one GPU: the trainer's ``PolicyWorker`` ranks (NCCL), one
+optimizer step over the same token-budgeted micro-batches, full state dicts compared. Ray is not needed here: the
+ranks are plain processes, one GPU each.
+
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python3 benchmarks/gpu/fsdp2_parity.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+GSM8K = Path(__file__).resolve().parents[2] / "molt_envs" / "envs" / "data" / "gsm8k" / "train.jsonl"
+LOSS = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "eps_high": 0.2, "dual_clip": None,
+        "loss_agg_mode": "token-mean", "is_level": "off", "is_mode": "mask", "is_threshold": (0.5, 5.0),
+        "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
+
+
+def experience(vocab: int):
+    from molt_envs import Trajectory
+    from molt_train.experience import make_experience
+
+    g = torch.Generator().manual_seed(0)
+    trajs = []
+    for i in range(12):
+        t = Trajectory(group_id=f"g{i // 4}", rollout_id=f"r{i}", reward=float(i % 2))
+        t.append_observation(torch.randint(5, vocab, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist())
+        n = int(torch.randint(4, 24, (1,), generator=g))
+        t.append_action(torch.randint(5, vocab, (n,), generator=g).tolist(), [-1.0] * n)
+        trajs.append(t)
+    exp = make_experience(trajs, max_len=128, pad_id=0)
+    exp.advantages = torch.randn(exp.action_mask.shape, generator=g) * exp.action_mask
+    return exp
+
+
+def rank_main(rank: int, world: int, model_dir: str, port: int, out: str) -> None:
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)  # one GPU per rank, as Ray would assign it
+    from molt_train.experience import micro_batch, plan_micro_batches
+    from molt_train.policy_worker import PolicyWorker
+
+    cfg = {"model_path": model_dir, "lr": 1.0, "betas": (0.9, 0.95), "eps": 1.0, "weight_decay": 0.0, "max_norm": 0,
+           "seed": 0, "warmup_steps": 0, "total_steps": 1, "lr_scheduler": "constant", "min_lr_ratio": 0.0,
+           "trainable": True, "logprob_chunk_size": 64, "gradient_checkpoint": False}
+    worker = PolicyWorker(rank, world, "127.0.0.1", port, cfg)
+    exp = experience(worker.config.vocab_size)
+    plan = plan_micro_batches(exp.lengths.tolist(), world, 64, 400)
+    per_rank = [[micro_batch(exp, rows, 0) for rows in micros] for micros in plan]
+    before = {k: v.clone() for k, v in (worker.full_state_dict() or {}).items()}  # collective; rank 0 gets it
+    result = worker.train_step(per_rank[rank], {"num_tokens": int(exp.action_mask.sum())}, LOSS)
+    loss = torch.tensor([float(result["loss"])], device=worker.device)
+    torch.distributed.all_reduce(loss)  # each rank reports its share of the step's loss
+    state = worker.full_state_dict()
+    if rank == 0:
+        moved = max(float((state[k] - before[k]).abs().max()) for k in state)
+        torch.save({"state": state, "loss": float(loss), "moved": moved, "micro_batches": len(plan[0]),
+                    "device": str(worker.device)}, out)
+    worker.shutdown()
+
+
+def main() -> None:
+    from molt_train.models.tiny import build_tiny_model, save_tiny, train_tokenizer
+
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+    os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
+    tmp = Path(tempfile.mkdtemp())
+    rows = [json.loads(line) for line in GSM8K.read_text().splitlines()[:1000]]
+    tok = train_tokenizer([r["question"] for r in rows], vocab_size=512)
+    model_dir = str(save_tiny(build_tiny_model(tok, hidden_size=128, num_layers=4), tok, tmp / "model"))
+    results = {}
+    for world, port in ((1, 29611), (2, 29612)):
+        out = str(tmp / f"w{world}.pt")
+        mp.spawn(rank_main, args=(world, model_dir, port, out), nprocs=world, join=True)
+        results[world] = torch.load(out)
+    one, two = results[1], results[2]
+    diffs = {k: float((one["state"][k].float() - two["state"][k].float()).abs().max()) for k in one["state"]}
+    worst = max(diffs, key=diffs.get)
+    print(f"device {one['device']}: loss 1 rank {one['loss']:.6f} vs 2 ranks {two['loss']:.6f}; micro-batches per "
+          f"rank {one['micro_batches']} vs {two['micro_batches']}; the step moved weights by up to {one['moved']:.2e}; "
+          f"max |param diff| 1 vs 2 ranks {diffs[worst]:.2e} ({worst}) over {len(diffs)} tensors")
+    ok = abs(one["loss"] - two["loss"]) < 1e-4 and diffs[worst] < 1e-4 and one["moved"] > 1e-3
+    print("PARITY OK" if ok else "PARITY FAILED")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
