@@ -12,13 +12,17 @@ import torch
 
 def run_trl(init_dir: Path, train_rows: list[dict], test_rows: list[dict], *, prompts_per_step: int,
             samples_per_prompt: int, max_new_tokens: int, lr: float, wall_s: float, out_dir: Path,
-            seed: int = 0) -> dict[str, Any]:
+            seed: int = 0, threads: int | None = None) -> dict[str, Any]:
+    """Train for ``wall_s`` seconds of ``train()`` (stopping after the step that crosses it), then judge."""
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, ProgressCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     from molt_envs.envs.arith import parse_answer
 
+    if threads:
+        torch.set_num_threads(threads)
+    t0 = time.perf_counter()
     tokenizer = AutoTokenizer.from_pretrained(init_dir)
     model = AutoModelForCausalLM.from_pretrained(init_dir, dtype=torch.float32)
 
@@ -43,17 +47,22 @@ def run_trl(init_dir: Path, train_rows: list[dict], test_rows: list[dict], *, pr
     config = GRPOConfig(
         output_dir=str(out_dir), use_cpu=True, bf16=False, per_device_train_batch_size=prompts_per_step * samples_per_prompt,
         num_generations=samples_per_prompt, max_completion_length=max_new_tokens, temperature=1.0, top_p=1.0,
-        learning_rate=lr, beta=0.0, logging_steps=1000, report_to="none", save_strategy="no", max_steps=100000,
+        learning_rate=lr, beta=0.0, logging_steps=1, report_to="none", save_strategy="no", max_steps=100000,
         seed=seed, disable_dropout=True, lr_scheduler_type="constant", dataloader_num_workers=0,
     )
     trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
                           processing_class=tokenizer, callbacks=[clock])
+    for quiet in (PrinterCallback, ProgressCallback):  # per-step log lines; the metrics stay in state.log_history
+        trainer.remove_callback(quiet)
+    setup = time.perf_counter() - t0
     trainer.train()
     elapsed = time.perf_counter() - clock.start
     accuracy = greedy_accuracy(trainer.model, tokenizer, test_rows, max_new_tokens)
     samples = clock.steps * prompts_per_step * samples_per_prompt
-    return {"steps": clock.steps, "seconds": elapsed, "steps_per_s": clock.steps / elapsed,
-            "samples_per_s": samples / elapsed, "accuracy": accuracy}
+    rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
+    return {"steps": clock.steps, "seconds": elapsed, "setup_s": setup, "steps_per_s": clock.steps / elapsed,
+            "samples_per_s": samples / elapsed, "accuracy": accuracy,
+            "reward_last5": sum(rewards[-5:]) / max(len(rewards[-5:]), 1)}
 
 
 @torch.no_grad()
