@@ -37,7 +37,8 @@ async def test_toolbox_contains_hostile_code_and_reports_status():
     async with ToolBox("auto", wall_s=2.0) as tools:
         out = await tools.call("python_executor", {"code": "import socket; socket.create_connection(('1.1.1.1', 80))"})
         assert "status: error" in out
-        assert "timeout" in await tools.call("python_executor", {"code": "while True: pass"})
+        spin = await tools.call("python_executor", {"code": "while True: pass"})
+        assert "status: timeout" in spin or "status: cpu_limit" in spin  # whichever limit trips first (cpu_s = wall_s)
         assert await tools.call("shell", {"command": "echo hi"}) == "hi"
         assert (await tools.call("nope", {})).startswith("error: unknown tool 'nope'")
         assert "needs a string argument 'code'" in await tools.call("python_executor", {"code": 3})
