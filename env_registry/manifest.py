@@ -126,13 +126,6 @@ class EnvSpec(EnvManifest):
         canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
-    @property
-    def env_id(self):
-        return parse_env_id(self.id)
-
-    def pprint(self) -> str:
-        return json.dumps(self.model_dump(mode="json"), indent=2)
-
 
 def parse_manifests(table: Any, source: str) -> list[EnvManifest]:
     """Validate the value of ``tool.molt.env`` (a table or an array of tables)."""

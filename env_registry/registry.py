@@ -11,7 +11,7 @@ import importlib
 import importlib.metadata as metadata
 import threading
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from env_registry.errors import (
@@ -176,14 +176,23 @@ class Registry(Mapping[str, EnvSpec]):
             raise RegistrationError(f"entry point {spec.entry_point!r} of {spec.id!r} cannot be loaded: {exc}") from exc
         return obj
 
-    def make(self, env_id: str, **kwargs: Any) -> Any:
-        """A fresh instance of the env; ``kwargs`` overlay the spec's ``kwargs``."""
+    def factory(self, env_id: str, **kwargs: Any) -> tuple[EnvSpec, Callable[[], Any]]:
+        """Resolve once; return the spec (with ``kwargs`` overlaid) and a function making fresh stamped instances."""
         spec = self.spec(env_id)
         cls = self.load(env_id)
         merged = {**spec.kwargs, **kwargs}
-        instance = cls(**merged)
-        instance.spec = spec.model_copy(update={"kwargs": merged}) if kwargs else spec
-        return instance
+        stamped = spec.model_copy(update={"kwargs": merged}) if kwargs else spec
+
+        def new_instance() -> Any:
+            instance = cls(**merged)
+            instance.spec = stamped
+            return instance
+
+        return stamped, new_instance
+
+    def make(self, env_id: str, **kwargs: Any) -> Any:
+        """A fresh instance of the env; ``kwargs`` overlay the spec's ``kwargs``."""
+        return self.factory(env_id, **kwargs)[1]()
 
 
 def _dist_manifests(dist: metadata.Distribution | None) -> dict[str, EnvManifest]:

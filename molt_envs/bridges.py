@@ -26,11 +26,11 @@ CHATML_TURN = "\n<|im_start|>user\n{observation}<|im_end|>\n<|im_start|>assistan
 _SPECIAL = re.compile(r"<\|[^|]*\|>")
 
 
-def load_callable(name: str | None, default: Callable[..., Any]) -> Callable[..., Any]:
+def load_callable(name: str | None, default: Callable[..., Any] | None) -> Callable[..., Any]:
     """Resolve ``"package.module:attr"`` (or return ``default`` for None)."""
-    if name is None:
+    if name is None and default is not None:
         return default
-    module, _, attr = name.partition(":")
+    module, _, attr = (name or "").partition(":")
     if not module or not attr:
         raise ValueError(f"{name!r} must look like 'package.module:function'")
     return getattr(importlib.import_module(module), attr)
@@ -99,7 +99,7 @@ class PettingZooEnv(_TextBridge):
                  opponent_policy: str | None = None, action_parser: str | None = None,
                  observation_formatter: str | None = None, turn_template: str = CHATML_TURN) -> None:
         super().__init__(action_parser, observation_formatter, turn_template)
-        self.env = load_callable(env_factory, lambda **_: None)(**(env_kwargs or {}))
+        self.env = load_callable(env_factory, None)(**(env_kwargs or {}))
         self.agent = agent
         self.seed = seed
         self.opponent = load_callable(opponent_policy, _random_legal_action)

@@ -106,18 +106,15 @@ def test_group_estimators_count_a_segmented_rollout_once():
     torch.testing.assert_close(adv, torch.tensor([[s, s], [s, s], [-s, -s]]))
 
 
+def reinforce_inputs(**extra) -> AdvantageInputs:
+    """Two rows with a per-token KL (kl_coef 0.5) and terminal rewards 1 and 0."""
+    return AdvantageInputs(rewards=torch.tensor([1.0, 0.0]), action_mask=torch.tensor([[T, T, F], [F, T, T]]),
+                           group_ids=["a", "b"], rollout_ids=["x", "y"],
+                           kl=torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.2, 0.2]]), kl_coef=0.5, **extra)
+
+
 def test_reinforce_kl_reward_and_terminal_reward_no_whiten():
-    mask = torch.tensor([[T, T, F], [F, T, T]])
-    kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.2, 0.2]])
-    inp = AdvantageInputs(
-        rewards=torch.tensor([1.0, 0.0]),
-        action_mask=mask,
-        group_ids=["a", "b"],
-        rollout_ids=["x", "y"],
-        kl=kl,
-        kl_coef=0.5,
-        no_whiten=True,
-    )
+    inp = reinforce_inputs(no_whiten=True)
     adv, ret = run("reinforce", inp)
     # row 0: r = [-0.05, -0.1 + 1, 0] -> G = [0.85, 0.9, 0]
     # row 1: r = [0 (masked), -0.1, -0.1 + 0] -> G = [-0.2, -0.2, -0.1] -> masked [0, -0.2, -0.1]
@@ -127,16 +124,7 @@ def test_reinforce_kl_reward_and_terminal_reward_no_whiten():
 
 
 def test_reinforce_whitened():
-    mask = torch.tensor([[T, T, F], [F, T, T]])
-    kl = torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.2, 0.2]])
-    inp = AdvantageInputs(
-        rewards=torch.tensor([1.0, 0.0]),
-        action_mask=mask,
-        group_ids=["a", "b"],
-        rollout_ids=["x", "y"],
-        kl=kl,
-        kl_coef=0.5,
-    )
+    inp = reinforce_inputs()
     adv, _ = run("reinforce", inp)
     # returns on action tokens: 0.85, 0.9, -0.2, -0.1; mean = 1.45 / 4 = 0.3625
     # deviations 0.4875, 0.5375, -0.5625, -0.4625; biased var = 1.056875 / 4 = 0.26421875

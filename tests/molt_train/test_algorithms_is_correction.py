@@ -24,25 +24,18 @@ def weights(level, mode, threshold):
     return is_correction(LOGP_OLD, LOGP_ROLLOUT, MASK, level=level, mode=mode, threshold=threshold)
 
 
-def test_token_mask_icepop():
-    # band [0.8, 1.25]: 1.5 and 0.4 are outside -> 0; kept tokens keep u
-    w, m = weights("token", "mask", (0.8, 1.25))
-    torch.testing.assert_close(w, torch.tensor([[1.0, 0.0, 0.9], [0.0, 1.2, 0.0]]))
-    assert m["is_filter_ratio"].item() == pytest.approx(2 / 5)
-
-
-def test_token_clip():
+@pytest.mark.parametrize(("mode", "expected", "filtered"), [
+    # IcePop, band [0.8, 1.25]: 1.5 and 0.4 are outside -> 0; kept tokens keep u
+    ("mask", [[1.0, 0.0, 0.9], [0.0, 1.2, 0.0]], 2 / 5),
     # clamp(u, 0.8, 1.25): 1.5 -> 1.25, 0.4 -> 0.8
-    w, m = weights("token", "clip", (0.8, 1.25))
-    torch.testing.assert_close(w, torch.tensor([[1.0, 1.25, 0.9], [0.8, 1.2, 0.0]]))
-    assert m["is_filter_ratio"].item() == pytest.approx(2 / 5)
-
-
-def test_token_trunc_tis():
-    # min(u, 1.25): only the upper tail moves; 0.4 stays
-    w, m = weights("token", "trunc", (0.8, 1.25))
-    torch.testing.assert_close(w, torch.tensor([[1.0, 1.25, 0.9], [0.4, 1.2, 0.0]]))
-    assert m["is_filter_ratio"].item() == pytest.approx(1 / 5)
+    ("clip", [[1.0, 1.25, 0.9], [0.8, 1.2, 0.0]], 2 / 5),
+    # TIS, min(u, 1.25): only the upper tail moves; 0.4 stays
+    ("trunc", [[1.0, 1.25, 0.9], [0.4, 1.2, 0.0]], 1 / 5),
+])
+def test_token_level_modes(mode, expected, filtered):
+    w, m = weights("token", mode, (0.8, 1.25))
+    torch.testing.assert_close(w, torch.tensor(expected))
+    assert m["is_filter_ratio"].item() == pytest.approx(filtered)
 
 
 def test_seq_mask_product_ratio():
