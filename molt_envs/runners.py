@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import json
 import sys
 from abc import ABC, abstractmethod
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -23,10 +25,17 @@ from molt_envs.trajectory import Trajectory
 
 # Tokenizers run off the event loop on their own pool, so a busy default executor can never starve them.
 _TOKENIZE_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="molt-tokenize")
+INLINE_MAX_CHARS = 4096  # below this text size, tokenizing takes well under a millisecond: cheaper than a pool hop
+PROMPT_CACHE_SIZE = 4096  # rendered + tokenized prompts a StepEnvRunner keeps (a GRPO group repeats its prompt)
 
 
 async def off_loop(fn: Callable[..., Any], *args: Any) -> Any:
     return await asyncio.get_running_loop().run_in_executor(_TOKENIZE_POOL, fn, *args)
+
+
+async def tokenizer_work(size: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` inline when ``size`` (characters of work) is under ``INLINE_MAX_CHARS``, else on the pool."""
+    return fn(*args) if size <= INLINE_MAX_CHARS else await off_loop(fn, *args)
 
 
 def render_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: list[dict] | None = None) -> str:
@@ -71,6 +80,7 @@ class StepEnvRunner(Runner):
         self.env_id = env_id
         self.spec_hash = spec_hash
         self.max_turns = max_turns
+        self._prompts: OrderedDict[str, tuple[Any, str, list[int]]] = OrderedDict()  # JSON -> (tokenizer, text, ids)
 
     async def execute(self, prompt, label, sampling_params, max_length, tokenizer, engine, images=None, tools=None):
         traj = self._new_trajectory(prompt, label, images)
@@ -83,8 +93,7 @@ class StepEnvRunner(Runner):
             stage[0] = "reset"
             start = await env.reset({"observation": prompt, "label": label, "images": list(images or [])})
             stage[0] = "tokenize"
-            context = render_prompt(tokenizer, start["observation"], start.get("tools", tools))
-            prompt_ids = await off_loop(_encode, tokenizer, context)
+            context, prompt_ids = await self._render(tokenizer, start["observation"], start.get("tools", tools))
             if len(prompt_ids) >= max_length:
                 raise ValueError(f"prompt is {len(prompt_ids)} tokens, which leaves no room under max_length={max_length}")
             traj.append_observation(prompt_ids)
@@ -101,6 +110,25 @@ class StepEnvRunner(Runner):
                     traj.failure = traj.failure or f"close: {type(exc).__name__}: {exc}"
         return traj
 
+    async def _render(self, tokenizer: Any, observation: Any, tools: list[dict] | None) -> tuple[str, list[int]]:
+        """The first observation rendered and tokenized, from the LRU cache when this tokenizer has seen it (the
+        samples of a group share their prompt; rendering a chat template costs ~0.2 ms)."""
+        try:
+            key = json.dumps([observation, tools], sort_keys=True)
+        except (TypeError, ValueError):  # not JSON (e.g. images in the messages): rendered every time
+            key = None
+        hit = self._prompts.get(key) if key is not None else None
+        if hit is not None and hit[0] is tokenizer:
+            self._prompts.move_to_end(key)
+            return hit[1], list(hit[2])
+        context = render_prompt(tokenizer, observation, tools)
+        ids = await tokenizer_work(len(context), _encode, tokenizer, context)
+        if key is not None:
+            self._prompts[key] = (tokenizer, context, list(ids))
+            if len(self._prompts) > PROMPT_CACHE_SIZE:
+                self._prompts.popitem(last=False)
+        return context, ids
+
     async def _loop(self, env, traj, context, label, params, max_length, tokenizer, engine, stage) -> None:
         reward = 0.0
         turn = 0
@@ -113,7 +141,7 @@ class StepEnvRunner(Runner):
             gen = await engine.generate(list(traj.token_ids), params.updated(max_tokens=budget), traj.images or None)
             traj.append_action(gen.token_ids, gen.log_probs, gen.finish_reason)
             traj.truncated |= gen.finish_reason == "length"
-            action_text = await off_loop(_decode, tokenizer, gen.token_ids)
+            action_text = await tokenizer_work(4 * len(gen.token_ids), _decode, tokenizer, gen.token_ids)
             context += action_text
             stage[0] = "step"
             result = await env.step({"observation_text": context, "action_text": action_text, "label": label,
@@ -128,7 +156,7 @@ class StepEnvRunner(Runner):
                 traj.images.extend(result.images)
             if result.observation:
                 stage[0] = "tokenize"
-                obs_ids = await off_loop(_encode, tokenizer, result.observation)
+                obs_ids = await tokenizer_work(len(result.observation), _encode, tokenizer, result.observation)
                 room = max_length - len(traj.token_ids)
                 if len(obs_ids) > room:
                     obs_ids, traj.truncated = obs_ids[:room], True

@@ -32,12 +32,11 @@ from typing import Any
 
 from molt_envs.contract import SamplingParams
 from molt_envs.engine import Engine
-from molt_envs.runners import off_loop
+from molt_envs.runners import INLINE_MAX_CHARS, off_loop
 from molt_envs.tool_calls import ToolCall, parse_tool_calls
 from molt_envs.trajectory import Trajectory
 
 _PROBE = "\x00molt-probe\x00"
-INLINE_MAX_CHARS = 4096  # below this request size, rendering + tokenizing takes well under a millisecond
 
 
 class BadRequest(ValueError):

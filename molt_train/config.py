@@ -94,11 +94,14 @@ RL_FLAGS: list[_Flag] = [
     ("--train.partial_rollout_enable", bool, False, "sync weights while rollouts are in flight: the vllm engine "
                                                     "pauses them, loads, and resumes on the new weights (needs IS correction)"),
     ("--train.colocate_all", bool, False, "trainer ranks, reference and rollout engine share the GPU (fractional Ray "
-                                          "GPUs); the vllm engine then syncs by CUDA IPC"),
+                                          "GPUs); the vllm engine then syncs by CUDA IPC. Without it, --rollout.engine "
+                                          "vllm gets GPUs of its own and syncs by NCCL broadcast"),
+    ("--actor.num_gpus_per_node", int, 0, "GPUs for the trainer (one FSDP2 rank each; sets --actor.num_workers); "
+                                          "0 = --actor.num_workers"),
     ("--train.check_weight_update_equal", bool, False, "after every weight sync compare each engine parameter with "
                                                        "the trainer's; a stale or unreached one stops the run, named"),
-    ("--rollout.engine", str, "hf", "rollout engine: hf (transformers; CPU or GPU) | vllm (CUDA, with "
-                                    "--train.colocate_all)"),
+    ("--rollout.engine", str, "hf", "rollout engine: hf (transformers; CPU or GPU) | vllm (CUDA; colocated with "
+                                    "--train.colocate_all, else on GPUs of its own)"),
     ("--rollout.batch_size", int, 16, "prompts per rollout batch"),
     ("--rollout.n_samples_per_prompt", int, 1, "samples per prompt (a group)"),
     ("--rollout.max_new_tokens", int, 256, "generated tokens per turn at most"),
@@ -206,6 +209,12 @@ def _validate_common(cfg: SimpleNamespace) -> None:
         raise ConfigError("--ckpt.output_dir is required (metrics, checkpoints and the final hf/ model go there)")
     if cfg.actor.num_workers < 1:
         raise ConfigError(f"--actor.num_workers must be >= 1, got {cfg.actor.num_workers}")
+    gpus = getattr(cfg.actor, "num_gpus_per_node", 0)
+    if gpus < 0 or (gpus and cfg.actor.num_workers not in (1, gpus)):
+        raise ConfigError(f"--actor.num_gpus_per_node {gpus} gives one trainer rank per GPU, which contradicts "
+                          f"--actor.num_workers {cfg.actor.num_workers}; pass only one of them")
+    if gpus:
+        cfg.actor.num_workers = gpus
     _choice("--actor.lr_scheduler", cfg.actor.lr_scheduler, ("constant", "cosine"))
     _choice("--actor.backend", cfg.actor.backend, BACKENDS)
     for name in ("micro_batch_size", "max_tokens_per_gpu"):
@@ -278,14 +287,14 @@ def _validate_engine(cfg: SimpleNamespace) -> None:
         options = vllm_options(cfg)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
-    if not train.colocate_all:
-        raise ConfigError("--rollout.engine vllm runs colocated with the trainer on one GPU here: add "
-                          "--train.colocate_all (the NCCL sync to an engine on GPUs of its own is not wired into "
-                          "the trainer)")
-    if cfg.actor.num_workers != 1 or options.tensor_parallel_size != 1 or options.data_parallel_size != 1:
-        raise ConfigError(f"--train.colocate_all with --rollout.engine vllm is the one-GPU path: it needs "
-                          f"--actor.num_workers 1 --vllm.tensor_parallel_size 1 --vllm.data_parallel_size 1, got "
-                          f"{cfg.actor.num_workers}, {options.tensor_parallel_size}, {options.data_parallel_size}")
+    parallel = (options.tensor_parallel_size, options.data_parallel_size)
+    if options.num_engines != 1 or parallel != (1, 1):
+        raise ConfigError(f"--rollout.engine vllm drives one single-GPU engine here: it needs --vllm.num_engines 1 "
+                          f"--vllm.tensor_parallel_size 1 --vllm.data_parallel_size 1, got {options.num_engines}, "
+                          f"{parallel[0]}, {parallel[1]}")
+    if options.enable_sleep and not train.colocate_all:
+        raise ConfigError("--vllm.enable_sleep frees the GPU the engine shares with the trainer; with the engine "
+                          "on a GPU of its own (no --train.colocate_all) drop it")
     if options.enable_sleep and not train.force_sync_mode:
         raise ConfigError("--vllm.enable_sleep frees the engine while the trainer trains, so rollout and training "
                           "must take turns: add --train.force_sync_mode")

@@ -9,6 +9,7 @@ ranks), and the loss is scaled by the world size because FSDP averages gradients
 
 from __future__ import annotations
 
+import inspect
 import math
 import os
 import random
@@ -47,26 +48,93 @@ def _lr_lambda(cfg: dict[str, Any]):
 
 
 class LogProbModel(nn.Module):
-    """Wraps a causal LM so one forward returns per-token log-probs of the next tokens, (N, L-1)."""
+    """Wraps a causal LM so one forward returns per-token log-probs of the next tokens, (N, L-1).
 
-    def __init__(self, lm: nn.Module, chunk_size: int) -> None:
+    With ``share_prefixes``, rows whose tokens before their first action are identical (the samples of a GRPO group
+    share their prompt) run that prefix once: one forward over the distinct prefixes with a KV cache, the cache
+    copied to each row, one forward over the rows' remaining tokens. The log-probs are those of the plain forward
+    (up to float rounding) and the gradients flow through the copies, so the result is the same computation on fewer
+    tokens; it is used when it saves at least a fifth of the tokens.
+    """
+
+    def __init__(self, lm: nn.Module, chunk_size: int, share_prefixes: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.chunk_size = chunk_size
+        self.share_prefixes = share_prefixes
+        # transformers 5.x names the KV cache argument `cache`; 4.x called it `past_key_values`
+        self._cache_arg = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0) -> Tensor:
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
+                action_mask: Tensor | None = None) -> Tensor:
+        """``action_mask`` (N, L-1): where the actions start, for prefix sharing (None: a plain forward)."""
+        if self.share_prefixes and action_mask is not None:
+            lengths = attention_mask.sum(1)
+            first_action = torch.where(action_mask.any(1), action_mask.int().argmax(1) + 1, lengths)
+            prefix_lens = torch.minimum(first_action, lengths).clamp(min=1)
+            rows = [tuple(ids[:p]) for ids, p in zip(input_ids.tolist(), prefix_lens.tolist(), strict=True)]
+            first: dict[tuple[int, ...], int] = {}  # distinct prefix -> its first row
+            owner = [first.setdefault(r, i) for i, r in enumerate(rows)]
+            suffix = int((lengths - prefix_lens).max())
+            shared_tokens = len(first) * int(prefix_lens.max()) + len(rows) * suffix
+            if shared_tokens <= 0.8 * input_ids.numel():
+                device = input_ids.device
+                distinct = list(first.values())
+                slot = {row: k for k, row in enumerate(distinct)}
+                return self._shared_forward(input_ids, temperature, lengths, prefix_lens,
+                                            torch.tensor(distinct, device=device),
+                                            torch.tensor([slot[o] for o in owner], device=device), suffix)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask,
-                               position_ids=position_ids).last_hidden_state[:, :-1]
+        hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask,  # [0]: a ModelOutput or a
+                               position_ids=position_ids)[0][:, :-1]  # tuple (AutoModel's return_dict=False)
+        return self._logp(hidden, input_ids[:, 1:], temperature).clone()  # FSDP2 warns on view outputs
+
+    def _shared_forward(self, input_ids: Tensor, temperature: float, lengths: Tensor, prefix_lens: Tensor,
+                        first: Tensor, owner: Tensor, suffix: int) -> Tensor:
+        """``first``: a row of each distinct prefix; ``owner``: each row's prefix (an index into ``first``);
+        ``suffix``: the longest row's tokens after its prefix."""
+        n, length = input_ids.shape
+        device = input_ids.device
+        p = prefix_lens[first]
+        width = int(p.max())
+        steps = torch.arange(width, device=device)
+        prefix_mask = (steps < p[:, None]).long()  # right-padded: no query row is fully masked
+        prefix = self.lm.model(input_ids=input_ids[first, :width], attention_mask=prefix_mask,
+                               position_ids=steps.expand(len(first), width), use_cache=True)
+        prefix_hidden = prefix.last_hidden_state
+        pieces = [self._logp(prefix_hidden[:, :-1], input_ids[first, 1:width], temperature).reshape(-1)]
+        p_row = prefix_lens[:, None]
+        t = torch.arange(length - 1, device=device)[None, :]
+        index = torch.where(t < p_row - 1, owner[:, None] * (width - 1) + t, -1)
+        if suffix > 0:
+            cols = p_row + torch.arange(suffix, device=device)[None, :]
+            suffix_ids = input_ids.gather(1, cols.clamp(max=length - 1))
+            cache = getattr(prefix, self._cache_arg)
+            cache.reorder_cache(owner)
+            mask = torch.cat([prefix_mask[owner], (cols < lengths[:, None]).long()], dim=1)
+            rest = self.lm.model(input_ids=suffix_ids, attention_mask=mask, position_ids=cols, use_cache=True,
+                                 **{self._cache_arg: cache}).last_hidden_state
+            last = prefix_hidden[owner, prefix_lens - 1][:, None]  # predicts each row's first suffix token
+            pieces.append(self._logp(torch.cat([last, rest[:, :-1]], dim=1), suffix_ids, temperature).reshape(-1))
+            offset = t - p_row + 1
+            in_suffix = (offset >= 0) & (offset < suffix)
+            index = torch.where(in_suffix, len(first) * (width - 1) + torch.arange(n, device=device)[:, None] * suffix
+                                + offset, index)
+        pieces.append(torch.zeros(1, device=device))  # positions past a row's end (padding): 0
+        flat = torch.cat(pieces)
+        return flat[torch.where(index < 0, flat.numel() - 1, index)]
+
+    def _logp(self, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
+        """Log-probs of ``targets`` (N, T) from ``hidden`` (N, T, H), in chunks of ``chunk_size`` positions."""
         n, length, width = hidden.shape
-        flat, targets = hidden.reshape(-1, width), input_ids[:, 1:].reshape(-1)
+        flat, targets = hidden.reshape(-1, width), targets.reshape(-1)
         weight = self.lm.lm_head.weight
         chunks = []
         for s in range(0, flat.shape[0], self.chunk_size):
             args = (flat[s:s + self.chunk_size], targets[s:s + self.chunk_size], weight, temperature)
             chunks.append(checkpoint(_chunk_logp, *args, use_reentrant=False) if torch.is_grad_enabled()
                           else _chunk_logp(*args))
-        return torch.cat(chunks).reshape(n, length).clone()  # FSDP2 warns on view outputs
+        return torch.cat(chunks).reshape(n, length) if chunks else hidden.new_zeros(n, length)
 
 
 class PolicyWorker:
@@ -95,7 +163,9 @@ class PolicyWorker:
         mesh = init_device_mesh(self.device.type, (world_size,))
         for layer in lm.model.layers:
             fully_shard(layer, mesh=mesh)
-        self.model = LogProbModel(lm, cfg["logprob_chunk_size"])
+        # a KV cache does not combine with activation checkpointing, nor with AutoModel's tuple outputs
+        self.model = LogProbModel(lm, cfg["logprob_chunk_size"],
+                                  share_prefixes=cfg.get("backend", "hf") == "hf" and not cfg.get("gradient_checkpoint"))
         fully_shard(self.model, mesh=mesh)
         self.optimizer = self.scheduler = None
         self._shared: list[Any] = []  # weight buckets a colocated engine is reading by CUDA IPC
@@ -110,8 +180,8 @@ class PolicyWorker:
     @torch.no_grad()
     def logprobs(self, micro_batches: list[dict[str, Any]], temperature: float) -> list[Tensor]:
         self.model.eval()
-        return [self.model(mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device), temperature).cpu()
-                for mb in micro_batches]
+        return [self.model(mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device), temperature,
+                           mb["action_mask"].to(self.device)).cpu() for mb in micro_batches]
 
     # -- one optimizer step --
     def train_step(self, micro_batches: list[dict[str, Any]], window: dict[str, Any], loss_cfg: dict[str, Any]) -> dict:
@@ -124,7 +194,7 @@ class PolicyWorker:
         for mb in micro_batches:
             mask = mb["action_mask"].to(self.device)
             logp = self.model(mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device),
-                              loss_cfg["temperature"])
+                              loss_cfg["temperature"], mask)
             if loss_cfg["kind"] == "sft":
                 loss = aggregate(-logp, mask, num_tokens=window["num_tokens"])
                 metrics = {}
@@ -189,22 +259,49 @@ class PolicyWorker:
         tied = getattr(self.config, "tie_word_embeddings", False)
         return {k.removeprefix("lm."): v for k, v in sd.items() if not (tied and k == "lm.lm_head.weight")}
 
-    def share_weights(self, dtype: str, bucket_bytes: int) -> tuple[list[bytes], int] | None:
-        """Rank 0: the full weights cast to the engine's ``dtype`` ('auto' keeps them), packed into GPU buckets and
-        shared by CUDA IPC with a rollout engine on this GPU: (payloads, bytes). The buckets stay alive until
-        ``release_shared``. Every rank must call it."""
-        from molt_train.engines.weight_buckets import pack, share
-
+    def _engine_weights(self, dtype: str) -> list[tuple[str, Tensor]] | None:
+        """Rank 0: the full weights on this GPU cast to the engine's ``dtype`` ('auto' keeps them); None on the
+        other ranks. Every rank must call it (the shards are gathered)."""
         weights = self.full_state_dict(cpu_offload=False)
         if weights is None:
             return None
         if self.device.type != "cuda":
-            raise RuntimeError("sharing weights by CUDA IPC needs the trainer on a GPU; this rank runs on the CPU")
+            raise RuntimeError("syncing weights to a vllm engine needs the trainer on a GPU; this rank runs on the CPU")
         target = None if dtype == "auto" else getattr(torch, dtype)
-        items = ((name, t if target is None else t.to(target)) for name, t in weights.items())
-        self._shared = list(pack(items, bucket_bytes, device=self.device))
+        return [(name, t if target is None else t.to(target)) for name, t in weights.items()]
+
+    def share_weights(self, dtype: str, bucket_bytes: int) -> tuple[list[bytes], int] | None:
+        """Rank 0: the engine weights packed into GPU buckets and shared by CUDA IPC with a rollout engine on this
+        GPU: (payloads, bytes). The buckets stay alive until ``release_shared``. Every rank must call it."""
+        from molt_train.engines.weight_buckets import pack, share
+
+        weights = self._engine_weights(dtype)
+        if weights is None:
+            return None
+        self._shared = list(pack(weights, bucket_bytes, device=self.device))
         del weights
         return [share(bucket) for bucket in self._shared], sum(bucket.nbytes for bucket in self._shared)
+
+    # -- NCCL sync to an engine on other GPUs (rank 0 is the group's source) --
+    def init_weight_sender(self, host: str, port: int, world_size: int, bucket_bytes: int) -> None:
+        """Rank 0: open the weight-sync NCCL group (the engine's workers join it concurrently)."""
+        from molt_train.engines.vllm import NcclWeightSender
+
+        self._sender = NcclWeightSender(host, port, world_size, device=self.device.index, bucket_bytes=bucket_bytes)
+
+    def gather_weights(self, dtype: str) -> list[tuple[bytes, int]] | None:
+        """Every rank: gather the engine weights onto rank 0, which returns the bucket plan the engine receives
+        (``VLLMEngine.receive_broadcast``) and keeps the tensors for ``send_weights``."""
+        self._outgoing = self._engine_weights(dtype)
+        return None if self._outgoing is None else self._sender.plan(self._outgoing)
+
+    def send_weights(self, times: int = 1) -> int:
+        """Rank 0: broadcast the gathered weights ``times`` times (the equality check receives them twice);
+        returns bytes per broadcast."""
+        try:
+            return [self._sender.send(self._outgoing) for _ in range(times)][-1]
+        finally:
+            self._outgoing = None
 
     def release_shared(self) -> None:
         """Drop the buckets of ``share_weights`` once the engine has loaded them."""
@@ -257,14 +354,18 @@ class WorkerGroup:
     """``num_workers`` PolicyWorker Ray actors forming one FSDP2 process group; each takes ``gpu_fraction`` of a
     GPU when the cluster has GPUs (below 1: colocated with other actors on that GPU)."""
 
-    def __init__(self, num_workers: int, cfg: dict[str, Any], name: str = "policy", gpu_fraction: float = 1.0) -> None:
+    def __init__(self, num_workers: int, cfg: dict[str, Any], name: str = "policy", gpu_fraction: float = 1.0,
+                 placement: Any = None) -> None:
+        """``placement``: a Ray placement group whose bundle i (one GPU) holds rank i."""
         import ray
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         gpus = gpu_fraction if ray.cluster_resources().get("GPU", 0) >= num_workers * gpu_fraction else 0
         actor = ray.remote(num_cpus=0, num_gpus=gpus)(PolicyWorker)
-        addr, port = _free_port()
-        self.workers = [actor.options(name=None).remote(rank, num_workers, addr, port, cfg)
-                        for rank in range(num_workers)]
+        addr, port = free_port()
+        self.workers = [actor.options(scheduling_strategy=None if placement is None else
+                                      PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=rank))
+                        .remote(rank, num_workers, addr, port, cfg) for rank in range(num_workers)]
         self.name = name
 
     def call(self, method: str, *per_rank: list[Any], **same: Any) -> list[Any]:
@@ -287,7 +388,8 @@ class WorkerGroup:
                 ray.kill(w)
 
 
-def _free_port() -> tuple[str, int]:
+def free_port() -> tuple[str, int]:
+    """This node's address and a free TCP port on it (for a process group's rendezvous)."""
     import socket
 
     import ray

@@ -16,7 +16,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import pickle
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import torch
@@ -141,11 +143,18 @@ class RolloutWorker:
             self._batch_lock = asyncio.Lock()
         return self._batch_lock
 
+    @contextlib.asynccontextmanager
+    async def _between_batches(self) -> AsyncIterator[float]:
+        """A sync's turn: after the batch in flight when syncs must not split one; yields the seconds waited."""
+        start = time.perf_counter()
+        async with self._whole_batch():
+            yield time.perf_counter() - start
+
     async def update_weights(self, state_dict: dict[str, torch.Tensor], check: bool = False) -> dict[str, float]:
         """hf engine: copy CPU tensors in; ``check`` then compares every engine parameter with them."""
-        async with self._whole_batch():
+        async with self._between_batches() as waited:
             await asyncio.to_thread(self.engine.update_weights, state_dict.items())
-            timing = dict(self.engine.last_sync)
+            timing = dict(self.engine.last_sync, wait_s=self.engine.last_sync["wait_s"] + waited)
             if check:
                 params = dict(self.engine.model.named_parameters())
                 problems = await asyncio.to_thread(compare_weights, params, state_dict)
@@ -157,14 +166,30 @@ class RolloutWorker:
         them again through the engine's equality check. The trainer keeps the buckets alive until this returns."""
         from molt_train.engines.weight_buckets import open_shared, unpack
 
-        async with self._whole_batch():
+        async with self._between_batches() as waited:
             await self.engine.load_shared_buckets(payloads, nbytes=nbytes)
-            timing = dict(self.engine.last_sync)
+            timing = dict(self.engine.last_sync, wait_s=self.engine.last_sync["wait_s"] + waited)
             if check:
                 named = [item for payload in payloads for item in unpack(*open_shared(payload))]
                 problems = await self.engine.check_weight_update_equal(named)
                 timing["weight_sync/checked_params"] = float(raise_if_unequal(problems, len(named)))
                 del named
+        return timing
+
+    async def init_weight_group(self, host: str, port: int, world_size: int) -> None:
+        """vllm engine on GPUs of its own: join the trainer rank 0's NCCL weight-sync group (opened concurrently)."""
+        await self.engine.init_weight_group(host, port, world_size)
+
+    async def receive_weights(self, plan: list[tuple[bytes, int]], check: bool = False) -> dict[str, float]:
+        """vllm engine on GPUs of its own: receive trainer rank 0's broadcast of ``plan``'s buckets (it sends
+        concurrently, twice with ``check``: the second time through the engine's equality check)."""
+        async with self._between_batches() as waited:
+            await self.engine.receive_broadcast(plan)
+            timing = dict(self.engine.last_sync, wait_s=self.engine.last_sync["wait_s"] + waited)
+            if check:
+                problems = await self.engine.check_weight_update_equal(plan=plan)
+                tensors = sum(len(pickle.loads(metas)) for metas, _ in plan)
+                timing["weight_sync/checked_params"] = float(raise_if_unequal(problems, tensors))
         return timing
 
     def weights(self) -> dict[str, torch.Tensor]:

@@ -71,10 +71,12 @@ async def engine_side(args: argparse.Namespace) -> None:
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
     def expect(word: str) -> str:
-        line = child.stdout.readline()
-        if not line.startswith(word):
-            raise RuntimeError(f"trainer said {line!r}, expected {word}")
-        return line
+        while True:  # skip what the trainer's libraries log to stdout
+            line = child.stdout.readline()
+            if not line:
+                raise RuntimeError(f"the trainer exited before saying {word}")
+            if line.startswith(word):
+                return line
 
     engine = VLLMEngine(args.model, VLLMOptions(gpu_memory_utilization=0.5, enforce_eager=True, max_model_len=1024,
                                                 max_num_seqs=256, bucket_mb=args.bucket_mb))

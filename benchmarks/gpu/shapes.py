@@ -26,6 +26,10 @@ SHAPES = {  # Qwen3 configs (hidden, layers, heads, kv heads, head_dim, intermed
 }
 
 
+CHATML = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+          "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+
+
 def make_model(path: str, shape: str, device: str = "cuda") -> str:
     """Write a random bf16 Qwen3 of ``shape`` and its tokenizer to ``path`` (kept if already there)."""
     import torch
@@ -44,6 +48,7 @@ def make_model(path: str, shape: str, device: str = "cuda") -> str:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
                                    unk_token="<|endoftext|>")
+    fast.chat_template = CHATML  # so a registered env's chat prompts render (molt-train rl --env ...)
     fast.save_pretrained(path)
     cfg = Qwen3Config(**spec, max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=0,
                       eos_token_id=0, pad_token_id=0)

@@ -1,7 +1,9 @@
 """``HFEngine``: a transformers model behind the ``Engine`` protocol (the embedded default, CPU or GPU).
 
 Concurrent ``generate`` calls are collected for a short window and decoded together as one left-padded batch with a
-KV cache. Every row keeps its own sampling parameters (temperature, top-p, top-k, max/min tokens, stop tokens, seed).
+KV cache: each distinct prompt is prefilled once, then one forward per decode step serves every row, and every row
+is sampled at once from per-row parameter tensors (temperature, top-p, top-k, max/min tokens, stop tokens, seed;
+inverse-CDF sampling on one uniform per row and step, drawn from ``torch.Generator(seed)`` when the row has a seed).
 The log-prob returned for each token is ``log_softmax(logits / temperature)`` at that token, before top-k/top-p
 filtering: the quantity the trainer recomputes. Temperature 0 means greedy, with log-probs at temperature 1.
 """
@@ -122,73 +124,113 @@ class HFEngine:
         return outputs
 
     def _decode(self, requests: list[tuple[list[int], SamplingParams]]) -> list[Generation]:
+        """One batched forward per decode step for every row; each distinct prompt is prefilled once (a GRPO
+        group's samples share it) and its KV cache is copied to the rows that asked for it."""
         device = next(self.model.parameters()).device
         n = len(requests)
-        longest = max(len(p) for p, _ in requests)
-        ids = torch.full((n, longest), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((n, longest), dtype=torch.long)
-        for i, (prompt, _) in enumerate(requests):
+        params = [p for _, p in requests]
+        distinct: dict[tuple[int, ...], int] = {}
+        row_prompt = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p, _ in requests], device=device)
+        prompts = list(distinct)
+        longest = max(len(p) for p in prompts)
+        ids = torch.full((len(prompts), longest), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(prompts), longest), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
             ids[i, longest - len(prompt):] = torch.tensor(prompt)
             mask[i, longest - len(prompt):] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        params = [p for _, p in requests]
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        cache, logits = getattr(out, self._cache_arg), out.logits[:, -1, :].float()
+        if len(prompts) < n:  # rows sharing a prompt share its prefill
+            cache.reorder_cache(row_prompt)
+            logits, mask, positions = logits[row_prompt], mask[row_prompt], positions[row_prompt]
+
+        steps = max(p.max_tokens for p in params)
+        rows = _RowParams(params, steps, device)
         stops = [set(p.stop_token_ids if p.stop_token_ids is not None else self.eos_token_ids) for p in params]
-        generators = [_generator(p.seed, device) for p in params]
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
         finish = ["length" if p.max_tokens == 0 else "" for p in params]
-
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
-        cache, logits = getattr(out, self._cache_arg), out.logits[:, -1, :].float()
-        for step in range(max(p.max_tokens for p in params)):
-            next_ids = torch.full((n,), self.pad_token_id, dtype=torch.long)
-            for i, p in enumerate(params):
+        for step in range(steps):
+            banned = [(i, stops[i]) for i, p in enumerate(params) if step < p.min_tokens and not finish[i]]
+            chosen, chosen_logp = rows.sample(logits, step, banned)
+            next_ids = torch.where(torch.tensor([not f for f in finish], device=device), chosen, self.pad_token_id)
+            for i, (token, logp) in enumerate(zip(chosen.tolist(), chosen_logp.tolist(), strict=True)):
                 if finish[i]:
                     continue
-                token, logp = _sample(logits[i], p, generators[i], stops[i] if step < p.min_tokens else set())
                 tokens[i].append(token)
                 logps[i].append(logp)
-                next_ids[i] = token
-                if token in stops[i] and step >= p.min_tokens:
+                if token in stops[i] and step >= params[i].min_tokens:
                     finish[i] = "stop"
-                elif len(tokens[i]) >= p.max_tokens:
+                elif len(tokens[i]) >= params[i].max_tokens:
                     finish[i] = "length"
             if all(finish):
                 break
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
             positions = positions[:, -1:] + 1
-            out = self.model(input_ids=next_ids[:, None].to(device), attention_mask=mask, position_ids=positions,
+            out = self.model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=positions,
                              use_cache=True, **{self._cache_arg: cache})
             cache, logits = getattr(out, self._cache_arg), out.logits[:, -1, :].float()
         return [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish, strict=True)]
 
 
-def _sample(logits: torch.Tensor, p: SamplingParams, generator: torch.Generator | None,
-            banned: set[int]) -> tuple[int, float]:
-    """Pick one token for one row; return it with its log-prob under the temperature-scaled distribution."""
-    scaled = logits / p.temperature if p.temperature > 0 else logits
-    logprobs = torch.log_softmax(scaled, dim=-1)
-    filtered = scaled.clone()
-    if banned:  # min_tokens: stop tokens cannot be sampled yet
-        filtered[list(banned)] = float("-inf")
-    if p.temperature == 0:
-        token = int(filtered.argmax())
-        return token, float(logprobs[token])
-    if p.top_k > 0 and p.top_k < filtered.numel():
-        kth = torch.topk(filtered, p.top_k).values[-1]
-        filtered[filtered < kth] = float("-inf")
-    if p.top_p < 1.0:
-        sorted_logits, order = torch.sort(filtered, descending=True)
-        cumulative = torch.softmax(sorted_logits, dim=-1).cumsum(-1)
-        drop = cumulative - torch.softmax(sorted_logits, dim=-1) > p.top_p  # keep the token that crosses top_p
-        filtered[order[drop]] = float("-inf")
-    token = int(torch.multinomial(torch.softmax(filtered, dim=-1), 1, generator=generator))
-    return token, float(logprobs[token])
+class _RowParams:
+    """The sampling parameters of a decode batch as per-row tensors, and the rows' random draws: one uniform per
+    row and step, from ``torch.Generator(seed)`` for a row with a seed (so its samples do not depend on the batch
+    it lands in), from torch's global generator otherwise."""
 
+    def __init__(self, params: list[SamplingParams], steps: int, device: torch.device) -> None:
+        self.temperature = torch.tensor([p.temperature for p in params], device=device)
+        self.greedy = self.temperature == 0
+        self.any_greedy, self.all_greedy = bool(self.greedy.any()), bool(self.greedy.all())
+        self.scale = torch.where(self.greedy, 1.0, self.temperature)[:, None]
+        self.top_k = torch.tensor([p.top_k if p.top_k > 0 else 0 for p in params], device=device)
+        self.top_p = torch.tensor([p.top_p for p in params], device=device)
+        self.any_top_k, self.any_top_p = bool((self.top_k > 0).any()), bool((self.top_p < 1).any())
+        uniforms = torch.empty((len(params), max(steps, 1)))
+        for i, p in enumerate(params):
+            if p.seed is not None:
+                uniforms[i] = torch.rand(uniforms.shape[1], generator=torch.Generator().manual_seed(p.seed))
+        unseeded = [i for i, p in enumerate(params) if p.seed is None]
+        if unseeded:
+            uniforms[unseeded] = torch.rand((len(unseeded), uniforms.shape[1]))
+        self.uniforms = uniforms.to(device)
 
-def _generator(seed: int | None, device: torch.device) -> torch.Generator | None:
-    return torch.Generator(device=device).manual_seed(seed) if seed is not None else None
+    def sample(self, logits: torch.Tensor, step: int,
+               banned: list[tuple[int, set[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's next token, and its log-prob under the temperature-scaled distribution (before top-k/top-p
+        and min_tokens filtering; temperature 0: greedy, at temperature 1). ``banned``: (row, stop tokens) pairs
+        that cannot be sampled yet (min_tokens)."""
+        scaled = logits / self.scale
+        logprobs = torch.log_softmax(scaled, dim=-1)
+        filtered = scaled.clone() if banned or self.any_top_k or self.any_top_p else scaled
+        for row, stop in banned:
+            filtered[row, list(stop)] = float("-inf")
+        vocab = filtered.shape[-1]
+        if self.any_top_k or self.any_top_p:
+            sorted_logits, order = torch.sort(filtered, dim=-1, descending=True)
+            if self.any_top_k:
+                kth = sorted_logits.gather(-1, (self.top_k.clamp(1, vocab) - 1)[:, None])
+                cut = (self.top_k[:, None] > 0) & (self.top_k[:, None] < vocab) & (filtered < kth)
+                filtered = filtered.masked_fill(cut, float("-inf"))
+                sorted_logits = sorted_logits.masked_fill(cut.gather(-1, order), float("-inf"))
+            if self.any_top_p:
+                probs = torch.softmax(sorted_logits, dim=-1)
+                drop = probs.cumsum(-1) - probs > self.top_p[:, None]  # keep the token that crosses top_p
+                filtered = filtered.masked_fill(torch.zeros_like(drop).scatter(-1, order, drop), float("-inf"))
+        if self.all_greedy:
+            chosen = filtered.argmax(-1)
+        else:
+            probs = torch.softmax(filtered, dim=-1)
+            cdf = probs.cumsum(-1)
+            draw = (self.uniforms[:, step] * cdf[:, -1])[:, None]
+            chosen = torch.searchsorted(cdf, draw, right=True)[:, 0].clamp(max=vocab - 1)
+            rounding = probs.gather(-1, chosen[:, None])[:, 0] == 0  # a draw past the last cdf step
+            chosen = torch.where(rounding, probs.argmax(-1), chosen)
+            if self.any_greedy:
+                chosen = torch.where(self.greedy, filtered.argmax(-1), chosen)
+        return chosen, logprobs.gather(-1, chosen[:, None])[:, 0]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> list[int]:

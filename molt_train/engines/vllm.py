@@ -45,6 +45,7 @@ VLLM_INSTALL_HINT = ("--rollout.engine vllm needs vLLM (a CUDA build, e.g. vllm=
 class VLLMOptions:
     """The ``--vllm.*`` flags (see ``VLLM_FLAGS``)."""
 
+    num_engines: int = 1
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1
     gpu_memory_utilization: float = 0.35
@@ -60,7 +61,7 @@ class VLLMOptions:
     bucket_mb: int = BUCKET_BYTES >> 20
 
     def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "data_parallel_size", "bucket_mb"):
+        for name in ("num_engines", "tensor_parallel_size", "data_parallel_size", "bucket_mb"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--vllm.{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
@@ -109,6 +110,7 @@ class VLLMOptions:
 
 # (flag, type, default, help) rows in the format of molt_train.config's flag tables
 VLLM_FLAGS: list[tuple[str, Any, Any, str]] = [
+    ("--vllm.num_engines", int, 1, "vLLM engines (each on GPUs of its own unless --train.colocate_all)"),
     ("--vllm.tensor_parallel_size", int, 1, "tensor-parallel GPUs per vLLM engine"),
     ("--vllm.data_parallel_size", int, 1, "data-parallel vLLM replicas (single node)"),
     ("--vllm.gpu_memory_utilization", float, 0.35, "fraction of GPU memory vLLM takes (weights + KV cache)"),

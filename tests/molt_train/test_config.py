@@ -31,7 +31,7 @@ REFUSED = [
     (["--reward.overlong_buffer_len", "16", "--reward.stop_properly_penalty_coef", "0.5"], "mutually exclusive"),
     (["--train.force_sync_mode", "--train.async_queue_size", "2", "--algo.advantage.is_correction_level", "geo"],
      "--train.force_sync_mode"),
-    (["--rollout.engine", "vllm"], "add --train.colocate_all"),
+    (["--actor.num_gpus_per_node", "-1"], "--actor.num_gpus_per_node -1"),
     (["--algo.dynamic_filtering_enable"], "--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt"),
     (["--actor.dual_clip", "1.0"], "--actor.dual_clip must be > 1"),
     (["--rollout.max_new_tokens", "2048"], "--data.max_len"),

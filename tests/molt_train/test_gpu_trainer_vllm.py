@@ -1,7 +1,8 @@
 """``molt-train rl --rollout.engine vllm --train.colocate_all`` end to end on one GPU (run on the H200; skipped
 without CUDA or vLLM): the CLI in its own process, a random tiny Qwen2 model with a tokenizer trained on the gsm8k
 split, Ray, FSDP2 on NCCL, vLLM in the rollout actor, CUDA-IPC weight sync. Three steps in sync mode with the
-weight check after each and the mismatch metrics bounded; then partial rollout (IS correction) across syncs."""
+weight check after each and the mismatch metrics bounded; then partial rollout (IS correction) across syncs. With
+two GPUs: the disaggregated placement (vLLM on a GPU of its own, NCCL broadcast sync), checked and async."""
 
 from __future__ import annotations
 
@@ -20,6 +21,9 @@ pytest.importorskip("vllm")
 REPO = Path(__file__).resolve().parents[2]
 GSM8K = REPO / "molt_envs" / "envs" / "data" / "gsm8k" / "train.jsonl"
 MISMATCH = ("mismatch/bitwise_frac", "mismatch/abs_diff_mean", "mismatch/k3_kl")
+COLOCATED = ("--train.colocate_all", "--vllm.gpu_memory_utilization", "0.35")
+DISAGGREGATED = ("--vllm.num_engines", "1", "--actor.num_gpus_per_node", "1", "--vllm.gpu_memory_utilization", "0.5")
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="the disaggregated placement needs two GPUs")
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +37,9 @@ def model_dir(tmp_path_factory) -> str:
     return str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny")))
 
 
-def run_cli(model: str, out: Path, *extra: str) -> list[dict[str, float]]:
+def run_cli(model: str, out: Path, *extra: str, placement: tuple[str, ...] = COLOCATED) -> list[dict[str, float]]:
     cmd = [sys.executable, "-m", "molt_train.cli", "rl", "--env", "molt/gsm8k-v1", "--actor.model_name_or_path",
-           model, "--rollout.engine", "vllm", "--vllm.gpu_memory_utilization", "0.35", "--train.colocate_all",
-           "--rollout.n_samples_per_prompt", "8", "--algo.advantage.estimator", "grpo", "--rollout.batch_size", "4",
+           model, "--rollout.engine", "vllm", *placement, "--rollout.n_samples_per_prompt", "8", "--algo.advantage.estimator", "grpo", "--rollout.batch_size", "4",
            "--rollout.max_new_tokens", "64", "--data.max_len", "1024", "--train.num_steps", "3",
            "--eval.max_samples", "8", "--vllm.enforce_eager", "--actor.adam.lr", "1e-4", "--ray.num_cpus", "8",
            "--ckpt.output_dir", str(out), "--no-logger.progress", *extra]
@@ -46,8 +49,11 @@ def run_cli(model: str, out: Path, *extra: str) -> list[dict[str, float]]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_three_colocated_steps_check_the_sync_and_log_bounded_mismatch(model_dir, tmp_path):
-    records = run_cli(model_dir, tmp_path, "--train.force_sync_mode", "--train.check_weight_update_equal")
+@pytest.mark.parametrize("placement", [pytest.param(COLOCATED, id="colocated"),
+                                       pytest.param(DISAGGREGATED, id="disaggregated", marks=two_gpus)])
+def test_three_steps_check_the_sync_and_log_bounded_mismatch(model_dir, tmp_path, placement):
+    records = run_cli(model_dir, tmp_path, "--train.force_sync_mode", "--train.check_weight_update_equal",
+                      placement=placement)
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
         assert r["weight_sync/checked_params"] > 0  # a stale or unreached parameter would have stopped the run
@@ -64,3 +70,30 @@ def test_partial_rollout_syncs_under_requests_in_flight(model_dir, tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all("weight_sync/paused_rollouts" in r and "is_filter_ratio" in r and set(MISMATCH) <= set(r)
                for r in records)
+
+
+@two_gpus
+def test_disaggregated_async_queue_overlaps_rollout_and_training(model_dir, tmp_path):
+    records = run_cli(model_dir, tmp_path, "--train.async_queue_size", "2", "--algo.advantage.is_correction_level",
+                      "token", "--algo.advantage.is_correction_mode", "trunc", placement=DISAGGREGATED)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["weight_sync/bytes"] > 0 and set(MISMATCH) <= set(r) for r in records)
+    # a batch generated while the trainer trained the one before: rollout k+1 starts before training k ends
+    assert any(later["timing/rollout_start"] < earlier["timing/train_end"]
+               for earlier, later in zip(records, records[1:], strict=False))
+
+
+@two_gpus
+def test_two_way_fsdp2_with_colocated_vllm_matches_one_gpu(model_dir, tmp_path):
+    """--actor.num_gpus_per_node 2: rank 0 shares its GPU with vLLM (CUDA IPC sync), rank 1 has the other. Same
+    seed, same engine: the same rollouts, so the update must match the one-rank run's. Truncated answers are
+    penalised so that groups differ in reward and the update is not zero."""
+    flags = ("--train.force_sync_mode", "--train.check_weight_update_equal", "--train.num_steps", "2",
+             "--reward.stop_properly_penalty_coef", "-1.0")
+    one = run_cli(model_dir, tmp_path / "one", *flags)
+    two = run_cli(model_dir, tmp_path / "two", *flags, placement=COLOCATED + ("--actor.num_gpus_per_node", "2"))
+    for a, b in zip(one, two, strict=True):
+        assert a["rollout/reward_mean"] == b["rollout/reward_mean"]  # the same rollouts
+        assert a["train/grad_norm"] > 0
+        for key in ("train/loss", "train/grad_norm"):
+            assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key

@@ -58,10 +58,22 @@ def test_partial_rollout_with_is_correction_is_accepted(monkeypatch):
     assert cfg.train.partial_rollout_enable
 
 
+def test_disaggregated_placement_parses(monkeypatch):
+    """Issue 8's command line: vLLM on a GPU of its own, two trainer GPUs (one FSDP2 rank each), NCCL sync."""
+    importable(monkeypatch, "vllm")
+    cfg = parse("rl", BASE + VLLM[:2] + VLLM[3:] + ["--vllm.num_engines", "1", "--actor.num_gpus_per_node", "2",
+                                                   "--train.async_queue_size", "2", "--algo.advantage.is_correction_level",
+                                                   "token"])
+    assert not cfg.train.colocate_all and cfg.actor.num_workers == 2 and vllm_options(cfg).num_engines == 1
+    two_way = parse("rl", BASE + VLLM + ["--actor.num_gpus_per_node", "2"])  # 2-way FSDP2, vLLM on rank 0's GPU
+    assert two_way.train.colocate_all and two_way.actor.num_workers == 2
+
+
 REFUSED = [
-    (VLLM[:2], "add --train.colocate_all"),
-    (VLLM + ["--actor.num_workers", "2"], "--actor.num_workers 1"),
     (VLLM + ["--vllm.tensor_parallel_size", "2"], "--vllm.tensor_parallel_size 1"),
+    (VLLM[:2] + ["--vllm.num_engines", "2"], "--vllm.num_engines 1"),
+    (VLLM[:2] + ["--vllm.enable_sleep", "--train.force_sync_mode"], "on a GPU of its own"),
+    (["--actor.num_gpus_per_node", "2", "--actor.num_workers", "3"], "contradicts --actor.num_workers 3"),
     (VLLM + ["--vllm.gpu_memory_utilization", "1.5"], "--vllm.gpu_memory_utilization must be in (0, 1]"),
     (VLLM + ["--vllm.max_model_len", "512"], "--vllm.max_model_len 512 is shorter than --data.max_len 1024"),
     (VLLM + ["--vllm.enable_sleep"], "add --train.force_sync_mode"),
