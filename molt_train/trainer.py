@@ -167,12 +167,15 @@ class RLTrainer:
             raise RuntimeError("--rollout.engine vllm needs a GPU, and the Ray cluster has none; use --rollout.engine "
                                "hf or run on a GPU machine")
         colocated = cfg.train.colocate_all and has_gpus
-        fraction = COLOCATED_GPU_FRACTION if colocated else 1.0
         # vllm: a GPU per trainer rank; the engine shares rank 0's (colocated, CUDA IPC) or has one more (NCCL)
         self.nccl_sync = cfg.rollout.engine == "vllm" and not colocated
+        # a policy or reference rank takes a share of its GPU (which it shares with the other group, and colocated
+        # with the engine); an engine of its own takes all of its GPU, the hf engine on the CPU none
+        fraction = COLOCATED_GPU_FRACTION if colocated or self.nccl_sync else 1.0
+        engine_gpus = COLOCATED_GPU_FRACTION if colocated else (1.0 if self.nccl_sync else 0)
         workers = cfg.actor.num_workers
         self.placement, options = None, {"max_concurrency": 1000}
-        rollout_cls = ray.remote(num_cpus=0, num_gpus=fraction if colocated or self.nccl_sync else 0)(RolloutWorker)
+        rollout_cls = ray.remote(num_cpus=0, num_gpus=engine_gpus)(RolloutWorker)
         if cfg.rollout.engine == "vllm":
             from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -201,7 +204,7 @@ class RLTrainer:
         if cfg.algo.kl.init_coef > 0 and cfg.algo.kl.ref == "model":
             ref_path = str(Path(cfg.ref.model_name_or_path or cfg.actor.model_name_or_path).resolve())
             self.reference = WorkerGroup(cfg.actor.num_workers, worker_cfg(cfg, ref_path, 1, trainable=False), "ref",
-                                         gpu_fraction=fraction)
+                                         gpu_fraction=fraction, placement=self.placement)
         # the ranks build their model in the background: wait for them here (start-up, not the first step's time)
         ray.get([w.__ray_ready__.remote() for g in (self.policy, self.reference) if g is not None for w in g.workers])
         if resume is not None:
