@@ -13,7 +13,8 @@ import torch
 def run_trl(init_dir: Path, train_rows: list[dict], test_rows: list[dict], *, prompts_per_step: int,
             samples_per_prompt: int, max_new_tokens: int, lr: float, wall_s: float, out_dir: Path,
             seed: int = 0, threads: int | None = None) -> dict[str, Any]:
-    """Train for ``wall_s`` seconds of ``train()`` (stopping after the step that crosses it), then judge."""
+    """Train for ``wall_s`` seconds of ``train()`` (stopping after the step that crosses it), save the final model
+    to ``out_dir/final`` (inside the timed seconds, as molt's loop includes its final HF export), then judge."""
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, PrinterCallback, ProgressCallback, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -56,6 +57,7 @@ def run_trl(init_dir: Path, train_rows: list[dict], test_rows: list[dict], *, pr
         trainer.remove_callback(quiet)
     setup = time.perf_counter() - t0
     trainer.train()
+    trainer.save_model(str(out_dir / "final"))
     elapsed = time.perf_counter() - clock.start
     accuracy = greedy_accuracy(trainer.model, tokenizer, test_rows, max_new_tokens)
     samples = clock.steps * prompts_per_step * samples_per_prompt

@@ -9,7 +9,6 @@ Seeds are fixed; timings depend on the machine.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -37,6 +36,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from molt_train import report, sft_cli
     from molt_train.config import parse
+    from molt_train.metrics import read_metrics
     from molt_train.trainer import RLTrainer
 
     start = time.perf_counter()
@@ -56,8 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         trainer.run()
     finally:
         trainer.shutdown()
-    records = [json.loads(line) for line in (out / "rl" / "metrics.jsonl").read_text().splitlines()]
-    evals = [(r["step"], r["eval/accuracy"]) for r in records if "eval/accuracy" in r]
+    evals = [(r["step"], r["eval/accuracy"]) for r in read_metrics(out / "rl") if "eval/accuracy" in r]
     sft_acc, rl_acc = evals[0][1], evals[-1][1]
 
     print("[demo] 3/3 report", flush=True)

@@ -13,7 +13,8 @@ class MetricsLogger:
                  description: str = "train") -> None:
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = self.path.open("a", encoding="utf-8")
+        # a fresh run replaces an earlier run's records; a resumed one appends (``read_metrics``: last record wins)
+        self._file = self.path.open("a" if start_step else "w", encoding="utf-8")
         from torch.utils.tensorboard import SummaryWriter
 
         self._tb = SummaryWriter(str(Path(output_dir) / "tensorboard"))

@@ -73,6 +73,11 @@ class RolloutWorker:
     def set_prompts(self, rows: list[dict[str, Any]], batch_size: int, seed: int) -> None:
         self.rows, self.sampler = rows, PromptSampler(len(rows), batch_size, seed)
 
+    async def connect(self, *queues: Any) -> None:
+        """Reach each ``ray.util.queue.Queue`` once: the first call from this actor to a queue actor waits for that
+        actor to start and opens the connection (~0.3 s), which belongs to start-up, not to the first batch."""
+        await asyncio.gather(*(q.actor.qsize.remote() for q in queues))
+
     # -- rollout --
     async def generate_step(self, step: int, params: dict[str, Any], n_samples: int, seed: int) -> dict[str, Any]:
         """Rollouts for the prompts of batch ``step``: kept trajectories, drop counts, timing."""
@@ -115,11 +120,16 @@ class RolloutWorker:
 
     async def produce(self, queue: Any, slots: Any, start: int, end: int, params: dict[str, Any], n_samples: int,
                       seed: int) -> int:
-        """Fill ``queue`` with batches ``start..end-1``, each after taking a slot (the async-queue protocol)."""
+        """Fill ``queue`` with batches ``start..end-1``, each after taking a slot (the async-queue protocol). The
+        queue carries a reference to each batch (in a list, so Ray passes it on unresolved): the trainer reads the
+        batch from this actor's object store, and the queue actor never copies it."""
+        import ray
+
         for step in range(start, end):
             await slots.get_async()
             batch = await self.generate_step(step, params, n_samples, seed)
-            await queue.put_async(batch)
+            batch["generated_tokens"] = self.engine.stats["generated_tokens"]
+            await queue.put_async([ray.put(batch)])
         return end - start
 
     # -- evaluation --
@@ -200,9 +210,6 @@ class RolloutWorker:
 
     async def wake_up(self) -> None:
         await self.engine.wake_up()
-
-    def engine_stats(self) -> dict[str, int]:
-        return dict(self.engine.stats)
 
     def shutdown(self) -> None:
         if hasattr(self.engine, "shutdown"):  # vllm: its engine-core process

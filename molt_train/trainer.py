@@ -217,6 +217,8 @@ class RLTrainer:
         self.queue, self.slots = Queue(maxsize=queue_size), Queue(maxsize=queue_size)
         for _ in range(queue_size):
             self.slots.put(1)
+        ray.get(self.rollout.connect.remote(self.queue, self.slots))
+        import torch.utils.tensorboard  # noqa: F401  (run()'s MetricsLogger: ~0.2 s to import, start-up time)
         r = cfg.rollout
         self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
                          "max_tokens": r.max_new_tokens}
@@ -300,7 +302,7 @@ class RLTrainer:
         if cfg.train.force_sync_mode:
             self.slots.put(1)
         metrics["timing/step"] = time.perf_counter() - t_step
-        metrics["engine/generated_tokens"] = float(ray.get(self.rollout.engine_stats.remote())["generated_tokens"])
+        metrics["engine/generated_tokens"] = float(batch["generated_tokens"])
         return metrics
 
     def _next_batch(self) -> dict[str, Any]:
@@ -310,7 +312,7 @@ class RLTrainer:
 
         while True:
             try:
-                return self.queue.get(timeout=1.0)
+                return ray.get(self.queue.get(timeout=1.0)[0])  # [a reference to the batch]
             except Empty:
                 done, _ = ray.wait([self.producer], timeout=0)
                 if done:
