@@ -53,7 +53,7 @@ type(m).__module__, type(m).__name__)\" && python3 -m molt_train.cli rl --env mo
 --no-logger.progress && tail -n 3 /tmp/am_run/metrics.jsonl | cut -c1-600"
   ;;
 e)
-  phase trl_06b 240 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu/trl_step_bench.py --model $M06
+  phase trl_06b 300 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu/trl_step_bench.py --model $M06
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu/shapes.py $M17 1.7b
   phase nccl_17b 120 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/nccl_sync_bench.py --model $M17 --tag 1.7b \
     --trainer-gpu 0
