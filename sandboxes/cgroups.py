@@ -65,6 +65,7 @@ class SlotCgroup:
         self.kind = kind
         self.dirs = dirs
         self._memory_bytes = 0
+        self._oom_fd: int | None = None  # kept open: re-read with pread, one syscall per call
 
     @classmethod
     def create(cls, group: str, slot: str, uid: int, pids: int, memory_mb: int) -> SlotCgroup:
@@ -114,16 +115,22 @@ class SlotCgroup:
         return sorted(found)
 
     def oom_kills(self) -> int:
-        name, key = ("memory.events", "oom_kill") if self.kind == "v2" else ("memory.oom_control", "oom_kill")
+        name, key = ("memory.events", b"oom_kill") if self.kind == "v2" else ("memory.oom_control", b"oom_kill")
         try:
-            with open(self._path("memory", name)) as handle:
-                for line in handle:
-                    field, _, value = line.partition(" ")
-                    if field == key:
-                        return int(value)
+            if self._oom_fd is None:
+                self._oom_fd = os.open(self._path("memory", name), os.O_RDONLY)
+            text = os.pread(self._oom_fd, 4096, 0)
         except (OSError, KeyError):
-            pass
+            return 0
+        for line in text.splitlines():
+            field, _, value = line.partition(b" ")
+            if field == key:
+                return int(value)
         return 0
+
+    def memory_mb_differs(self, memory_mb: int) -> bool:
+        """Whether set_memory_mb(memory_mb) would write (a write can reclaim memory, i.e. block)."""
+        return memory_mb * 1024 * 1024 != self._memory_bytes
 
     def kill_all(self, timeout_s: float = 3.0) -> bool:
         deadline = time.monotonic() + timeout_s
@@ -140,6 +147,9 @@ class SlotCgroup:
 
     def remove(self) -> None:
         self.kill_all()
+        if self._oom_fd is not None:
+            os.close(self._oom_fd)
+            self._oom_fd = None
         for path in self.dirs.values():
             _rmdir_retry(path)
             _rmdir_if_empty(os.path.dirname(path))

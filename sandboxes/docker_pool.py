@@ -192,7 +192,7 @@ class DockerWorker(Worker):
             self.close()
             raise
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, deadline: float) -> None:
         self._raw.sendall(data)
 
     def _fill(self, deadline: float) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,16 @@ class Limits:
                 raise ValueError(f"{name}={value!r} must be an integer in [{low}, {high}]")
 
     def replace(self, **changes: object) -> Limits:
-        merged = {**asdict(self), **{k: v for k, v in changes.items() if v is not None}}
+        changes = {k: v for k, v in changes.items() if v is not None}
+        if not changes:
+            return self
+        merged = {**self.to_wire(), **changes}
         if "wall_s" in changes and "cpu_s" not in changes and self.cpu_s == self.wall_s:
             merged["cpu_s"] = None
         return Limits(**merged)
 
     def to_wire(self) -> dict:
-        return asdict(self)
+        return {name: getattr(self, name) for name in _FIELDS}
+
+
+_FIELDS = tuple(f.name for f in fields(Limits))

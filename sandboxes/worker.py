@@ -3,6 +3,7 @@ teardown. `JailWorker` runs the zygote in bubblewrap (or, unsafe, as a bare subp
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
@@ -25,6 +26,7 @@ class Worker:
     """Transport-independent part: subclasses provide _send, _recv_exact, _kill and _alive."""
 
     provider = "?"
+    async_io = False  # True: request_async serves the channel on the event loop
 
     def __init__(self) -> None:
         self.executions = 0
@@ -43,24 +45,30 @@ class Worker:
         output carries it as raw bytes under "stdout"/"stderr". Any transport failure kills this
         worker and raises WorkerDied."""
         try:
-            data = frames.encode(message if payload is None else {**message, "payload_len": 0})
-            if payload is not None:
-                body = frames.encode(payload)
-                data = frames.encode({**message, "payload_len": len(body)}) + body
-            self._send(data)
+            data = _request_bytes(message, payload)
             deadline = time.monotonic() + timeout_s + REPLY_GRACE_S
-            reply = self._recv(deadline)
-            if "stdout_len" in reply:
-                reply["stdout"] = self._recv_exact(reply["stdout_len"], deadline) if reply["stdout_len"] else b""
-                reply["stderr"] = self._recv_exact(reply["stderr_len"], deadline) if reply["stderr_len"] else b""
+            self._send(data, deadline)
+            reply = self._recv_reply(deadline)
         except (OSError, ValueError, frames.FrameError, WorkerDied) as exc:
             self.kill()
-            raise WorkerDied(
-                f"{self.provider} worker failed during {message.get('op')!r}: {exc}{self._diagnostics()}"
-            ) from None
+            raise self._failure(message, exc) from None
+        return self._accept(reply)
+
+    def _failure(self, message: dict, exc: BaseException) -> WorkerDied:
+        return WorkerDied(f"{self.provider} worker failed during {message.get('op')!r}: {exc}{self._diagnostics()}")
+
+    def _accept(self, reply: dict) -> dict:
         self.executions += 1
         if not reply.get("healthy", True):
             self.info["unhealthy"] = True
+        return reply
+
+    def _recv_reply(self, deadline: float) -> dict:
+        reply = self._recv(deadline)
+        if "stdout_len" in reply:
+            out_len, err_len = _output_lengths(reply)
+            reply["stdout"] = self._recv_exact(out_len, deadline) if out_len else b""
+            reply["stderr"] = self._recv_exact(err_len, deadline) if err_len else b""
         return reply
 
     def _recv(self, deadline: float) -> dict:
@@ -82,7 +90,7 @@ class Worker:
     def close(self) -> None:
         raise NotImplementedError
 
-    def _send(self, data: bytes) -> None:
+    def _send(self, data: bytes, deadline: float) -> None:
         raise NotImplementedError
 
     def _recv_exact(self, n: int, deadline: float) -> bytes:
@@ -100,6 +108,7 @@ class JailWorker(Worker):
     a per-slot cgroup (when cgroups are writable)."""
 
     provider = "local"
+    async_io = True
 
     def __init__(
         self,
@@ -136,31 +145,102 @@ class JailWorker(Worker):
         for fd in fds:
             os.close(fd)
         self._rx = self.proc.stdout.fileno()
+        self._tx = self.proc.stdin.fileno()
+        self._buffer = bytearray()
+        os.set_blocking(self._rx, False)
+        os.set_blocking(self._tx, False)
         try:
             self.handshake()
         except BaseException:
             self.close()
             raise
 
-    def _send(self, data: bytes) -> None:
-        self.proc.stdin.write(data)
-        self.proc.stdin.flush()
+    # ---- channel: non-blocking pipe fds, served by select (blocking callers) or the event loop
+    def _send(self, data: bytes, deadline: float) -> None:
+        view = memoryview(data)
+        while True:
+            view = view[_write_some(self._tx, view) :]
+            if not view:
+                return
+            _wait_fd(self._tx, deadline, write=True)
+
+    def _recv_reply(self, deadline: float) -> dict:
+        while (reply := self._take_reply()) is None:
+            _wait_fd(self._rx, deadline, write=False)
+            self._read_chunk()
+        return reply
 
     def _recv_exact(self, n: int, deadline: float) -> bytes:
-        chunks, need = [], n
-        while need:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise WorkerDied(f"no reply within the deadline ({n - need}/{n} bytes received)")
-            ready, _, _ = select.select([self._rx], [], [], remaining)
-            if not ready:
-                continue
-            chunk = os.read(self._rx, need)
-            if not chunk:
-                raise WorkerDied(f"worker exited (rc={self.proc.poll()})")
-            chunks.append(chunk)
-            need -= len(chunk)
-        return b"".join(chunks)
+        while len(self._buffer) < n:
+            _wait_fd(self._rx, deadline, write=False)
+            self._read_chunk()
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+    def _read_chunk(self) -> None:
+        try:
+            chunk = os.read(self._rx, 1 << 16)
+        except BlockingIOError:
+            return
+        if not chunk:
+            raise WorkerDied(f"worker exited (rc={self.proc.poll()})")
+        self._buffer += chunk
+
+    def _take_reply(self) -> dict | None:
+        """The next whole reply (header frame plus the output it announces) from the read buffer, if it is in."""
+        buffer = self._buffer
+        if len(buffer) < 4:
+            return None
+        length = frames.body_length(buffer[:4])
+        if len(buffer) < 4 + length:
+            return None
+        reply = frames.decode_body(buffer[4 : 4 + length])
+        end = 4 + length
+        if "stdout_len" in reply:
+            out_len, err_len = _output_lengths(reply)
+            if len(buffer) < end + out_len + err_len:
+                return None
+            reply["stdout"] = bytes(buffer[end : end + out_len])
+            reply["stderr"] = bytes(buffer[end + out_len : end + out_len + err_len])
+            end += out_len + err_len
+        del buffer[:end]
+        return reply
+
+    async def request_async(self, message: dict, timeout_s: float, payload: dict | None = None) -> dict:
+        """`request` served by the running event loop (no thread): the same deadlines; on failure the
+        worker is killed off the loop and WorkerDied raised."""
+        loop = asyncio.get_running_loop()
+        try:
+            data = memoryview(_request_bytes(message, payload))
+            deadline = time.monotonic() + timeout_s + REPLY_GRACE_S
+            while data := data[_write_some(self._tx, data) :]:
+                await self._ready(loop, deadline, write=True)
+            while (reply := self._take_reply()) is None:
+                await self._ready(loop, deadline, write=False)
+                self._read_chunk()
+        except (OSError, ValueError, frames.FrameError, WorkerDied) as exc:
+            await loop.run_in_executor(None, self.kill)
+            raise self._failure(message, exc) from None
+        except asyncio.CancelledError:  # a reply may still be on its way: never reuse this channel
+            self.info["unhealthy"] = True
+            raise
+        return self._accept(reply)
+
+    async def _ready(self, loop: asyncio.AbstractEventLoop, deadline: float, *, write: bool) -> None:
+        """Wait until the channel can be written (write=True) or read, or raise WorkerDied at `deadline`."""
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise WorkerDied(f"no reply within the deadline ({len(self._buffer)} bytes received)")
+        ready = loop.create_future()
+        fd = self._tx if write else self._rx
+        (loop.add_writer if write else loop.add_reader)(fd, _set_if_pending, ready)
+        timer = loop.call_later(remaining, _set_if_pending, ready)
+        try:
+            await ready
+        finally:
+            (loop.remove_writer if write else loop.remove_reader)(fd)
+            timer.cancel()
 
     def _diagnostics(self) -> str:
         if self.proc.poll() is None:
@@ -201,6 +281,40 @@ class JailWorker(Worker):
             self.cgroup.remove()
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def _request_bytes(message: dict, payload: dict | None) -> bytes:
+    if payload is None:
+        return frames.encode(message)
+    body = frames.encode(payload)
+    return frames.encode({**message, "payload_len": len(body)}) + body
+
+
+def _output_lengths(reply: dict) -> tuple[int, int]:
+    out_len, err_len = reply["stdout_len"], reply.get("stderr_len", 0)
+    for value in (out_len, err_len):
+        if not isinstance(value, int) or not 0 <= value <= frames.MAX_FRAME_BYTES:
+            raise frames.FrameError(f"reply announces {value!r} output bytes")
+    return out_len, err_len
+
+
+def _write_some(fd: int, data: memoryview) -> int:
+    try:
+        return os.write(fd, data)
+    except BlockingIOError:
+        return 0
+
+
+def _wait_fd(fd: int, deadline: float, *, write: bool) -> None:
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise WorkerDied("no reply within the deadline")
+    select.select([], [fd], [], remaining) if write else select.select([fd], [], [], remaining)
+
+
+def _set_if_pending(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 def default_python() -> str:

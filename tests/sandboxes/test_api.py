@@ -14,6 +14,7 @@ import pytest
 
 import sandboxes
 from sandboxes import api, jail
+from sandboxes.pool import IdleSlots
 
 pytestmark = pytest.mark.timeout(120)
 LOCAL_OK = not sandboxes.probe(docker=False).local_missing
@@ -160,6 +161,47 @@ async def test_repeated_worker_death_is_infra_error():
         assert r.status == "infra_error" and r.attempts == 2, r
         assert "local worker failed" in r.stderr
         assert (await sb.run_python("print('back')")).stdout == "back\n"
+
+
+@needs_local
+async def test_cancelled_call_finishes_and_frees_its_worker():
+    """Cancelling a caller does not cut its execution short or leave its reply in the channel: the
+    one worker finishes it, then serves the next call with that call's own output."""
+    async with sandboxes.open("local", workers=1, recycle_after=10_000) as sb:
+        assert (await sb.run_python("pass")).ok
+        pool = local_pool(workers=1, recycle_after=10_000)
+        before = dict(pool.stats)
+        first = asyncio.create_task(sb.run_python("import time; time.sleep(0.5); print('first')"))
+        await asyncio.sleep(0.15)
+        first.cancel()
+        start = time.monotonic()
+        r = await sb.run_python("print('second')")
+        waited = time.monotonic() - start
+    assert first.cancelled()
+    assert (r.status, r.stdout) == ("ok", "second\n"), r
+    assert waited >= 0.2, f"the second call ran after {waited:.2f} s, while the cancelled one still held the worker"
+    assert pool.stats["executions"] - before["executions"] == 2 and pool.stats["respawns"] == before["respawns"]
+
+
+def test_idle_slots_hand_over_to_threads_and_coroutines_and_survive_cancellation():
+    slots = IdleSlots(range(1))
+    assert slots.get() == 0  # now none is idle
+
+    async def scenario() -> list:
+        waiting = [asyncio.create_task(slots.get_async()) for _ in range(2)]
+        await asyncio.sleep(0.01)
+        waiting[0].cancel()  # a cancelled waiter must not swallow the slot handed to it
+        slots.put(0)
+        got = await waiting[1]
+        from_thread = asyncio.get_running_loop().run_in_executor(None, slots.get)
+        await asyncio.sleep(0.01)
+        assert not from_thread.done()  # back-pressure: the thread waits for the slot
+        slots.put(got)
+        return [got, await from_thread]
+
+    assert asyncio.run(scenario()) == [0, 0]
+    slots.put(0)
+    assert asyncio.run(asyncio.wait_for(slots.get_async(), 1)) == 0
 
 
 @needs_local
