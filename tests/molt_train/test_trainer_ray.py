@@ -336,3 +336,12 @@ def test_one_rl_step_through_the_registered_chat_agent(sft_run, tmp_path):
     assert record["step"] == 1 and record["rollout/num_rollouts"] == 4
     assert record["rollout/dropped_total"] == 0 and record["rollout/kept_rollouts"] == 4
     assert record["train/tokens"] > 0  # the captured segments' action tokens were trained on
+
+
+def test_gpu_placement_names_what_is_missing_on_a_cluster_without_gpus(ray_local):
+    """The vllm engine's placement group asks one GPU per trainer rank (+ the engine's); a cluster short of them
+    gets an error naming the flags, not a placement group that waits forever."""
+    from molt_train.trainer import gpu_placement
+
+    with pytest.raises(RuntimeError, match=r"2 GPUs, but the Ray cluster has 0; add --train.colocate_all"):
+        gpu_placement(2)
