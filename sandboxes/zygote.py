@@ -109,18 +109,15 @@ class Spare:
             os.closerange(4, 1 << 16)
             _apply_limits(order["limits"])
             os.chdir(WORK)
-            env = _child_env(zygote.config)
             if order["op"] == "exec":
                 os.set_inheritable(3, False)
                 signal.signal(signal.SIGPIPE, signal.SIG_DFL)
                 argv = payload["argv"]
                 try:
-                    os.execvpe(argv[0], argv, env)
+                    os.execvp(argv[0], argv)
                 except OSError as exc:
                     os.write(2, f"sandbox: cannot execute {argv[0]!r}: {exc.strerror}\n".encode())
                     os._exit(127)
-            os.environ.clear()
-            os.environ.update(env)
             exit_code, memory_error = _child_python(payload["code"])
             done = json.dumps({"exit_code": exit_code, "memory_error": memory_error}).encode()
             os.write(3, b"D" + done + b"\n")
@@ -139,6 +136,10 @@ class Zygote:
         self.scope_fd: int | None = None
         self.repl: Repl | None = None
         self.spare: Spare | None = None
+        # Every child's environment, set once here: spares inherit it (setting it per child costs
+        # ~40 copy-on-write faults on the caller's clock).
+        os.environ.clear()
+        os.environ.update(config.get("env", {}))
         # Move the request channel off fds 0/1 so nothing printed here can corrupt it.
         self.rx = os.dup(0)
         self.tx = os.dup(1)
@@ -158,12 +159,14 @@ class Zygote:
                 report["preloaded"].append(name)
             except Exception as exc:  # a missing optional module is not fatal
                 report["missing"].append(f"{name}: {type(exc).__name__}: {exc}")
+        import _thread
         import ast  # noqa: F401  (warm what every child uses)
         import atexit  # noqa: F401
-        import threading
         import traceback  # noqa: F401
 
-        report["threads"] = threading.active_count()
+        # Not `threading`: once imported, its at-fork hook runs in every spare (~120 copy-on-write
+        # faults per fork); a snippet that uses threads imports it itself.
+        report["threads"] = _thread._count() + 1
         _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
         _libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
         version = landlock.abi() if self.config.get("landlock", True) else 0
@@ -384,8 +387,6 @@ class Repl:
                 os.closerange(7, 1 << 16)
                 _apply_limits(limits, cpu_limit=False)  # per cell instead, see _repl_loop
                 os.chdir(WORK)
-                os.environ.clear()
-                os.environ.update(_child_env(zygote.config))
                 _repl_loop(5, 6)
             except BaseException:
                 _print_exception()
@@ -526,9 +527,9 @@ def _child_python(code: str, finish: bool = True) -> tuple[int, bool]:
         _print_exception()
     if finish:
         try:
-            import threading
-
-            threading._shutdown()  # wait for non-daemon threads, as `python -c` would
+            threading = sys.modules.get("threading")  # as `python -c` does: no import, no threads to wait for
+            if threading is not None:
+                threading._shutdown()  # wait for non-daemon threads
             import atexit
 
             atexit._run_exitfuncs()
@@ -596,10 +597,6 @@ def _apply_limits(limits: dict, cpu_limit: bool = True) -> None:
     ):
         if soft is not None:
             resource.setrlimit(name, (soft, hard))
-
-
-def _child_env(config: dict) -> dict:
-    return dict(config.get("env", {}))
 
 
 # ---- parent-side helpers ---------------------------------------------------------------------
