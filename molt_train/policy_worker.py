@@ -299,7 +299,9 @@ class PolicyWorker:
         """Rank 0: broadcast the gathered weights ``times`` times (the equality check receives them twice);
         returns bytes per broadcast."""
         try:
-            return [self._sender.send(self._outgoing) for _ in range(times)][-1]
+            for _ in range(times):
+                sent = self._sender.send(self._outgoing)
+            return sent
         finally:
             self._outgoing = None
 

@@ -1,10 +1,11 @@
 """A fixed-size pool of warm workers shared by many sandbox sessions.
 
-`run` blocks (for threads); `run_async` serves the same from an event loop, keeping blocking steps
-(spawning and killing workers, cgroup writes) on the pool's threads. Callers queue when
-every worker is busy (back-pressure). Workers start lazily, are recycled after `recycle_after`
-executions or when they report an unhealthy sweep, and are replaced after any transport failure;
-such a failure is retried once on a fresh worker and otherwise reported as "infra_error".
+`run_async` serves one-shot executions from an event loop (any loop: a thread without one runs it
+under `asyncio.run`), keeping blocking steps (spawning and killing workers, cgroup writes) on the
+pool's threads. Callers queue when every worker is busy (back-pressure). Workers start lazily, are
+recycled after `recycle_after` executions or when they report an unhealthy sweep, and are replaced
+after any transport failure; such a failure is retried once on a fresh worker and otherwise
+reported as "infra_error".
 """
 
 from __future__ import annotations
@@ -104,34 +105,6 @@ class WorkerPool:
         self.stats = {"executions": 0, "infra_errors": 0, "retries": 0, "respawns": 0}
 
     # ---- one-shot executions -------------------------------------------------------------
-    def run(self, request: dict, limits: Limits, payload: dict | None = None) -> Result:
-        """Blocking form (for threads, e.g. a Ray actor); `run_async` is the same on an event loop."""
-        start = time.monotonic()
-        slot = self._idle.get()  # blocks while every worker is busy
-        try:
-            errors: list[str] = []
-            for attempt in (1, 2):
-                if self._closed:
-                    return Result.infra(f"{self.provider} pool is closed", self.provider, attempt)
-                worker, oom_before = None, None
-                try:
-                    worker = self._worker(slot)
-                    if worker.cgroup is not None:
-                        oom_before = worker.cgroup.oom_kills()
-                        worker.cgroup.set_memory_mb(limits.memory_mb + limits.cgroup_headroom_mb)
-                    reply = worker.request(request, limits.wall_s, payload)
-                except (WorkerDied, OSError) as exc:
-                    result = self._failed(exc, attempt, start, errors, self._drop(slot, worker, oom_before))
-                else:
-                    result, retire = self._outcome(worker, reply, oom_before, attempt, errors)
-                    if retire:
-                        self._drop(slot, worker, None)
-                if result is not None:
-                    return result
-            return Result.infra("; ".join(errors), self.provider, 2, (time.monotonic() - start) * 1000)
-        finally:
-            self._idle.put(slot)
-
     async def run_async(self, request: dict, limits: Limits, payload: dict | None = None) -> Result:
         """One execution served from the event loop: the request and reply travel on the loop
         (workers with `async_io`), only blocking steps (spawn, kill, cgroup writes) go to threads.

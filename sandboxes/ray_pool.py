@@ -32,7 +32,7 @@ class _SandboxActor:
         return socket.gethostname()
 
     def run(self, header: dict, payload: dict, limits: Limits) -> Result:
-        return self.pool.run(header, limits, payload)
+        return asyncio.run(self.pool.run_async(header, limits, payload))  # a threaded actor: a loop per call
 
     def open_session(self) -> int:
         from sandboxes.pool import PoolSession
