@@ -60,6 +60,10 @@ COMMON_FLAGS: list[_Flag] = [
     ("--actor.max_norm", float, 1.0, "gradient clipping norm (0 = off)"),
     ("--actor.logprob_chunk_size", int, 1024, "positions per log-prob chunk (bounds the fp32 vocab logits alive)"),
     ("--actor.gradient_checkpoint", bool, False, "recompute decoder layers in backward"),
+    ("--actor.param_dtype", str, "bfloat16", "GPU compute dtype: FSDP2 mixed precision over fp32 master weights "
+                                             "(bfloat16 | float32); CPU always computes in float32"),
+    ("--actor.compile", bool, False, "torch.compile each decoder layer and the log-prob chunk (GPU; first steps "
+                                     "pay the compilation)"),
     ("--actor.num_threads", int, 0, "torch CPU threads per trainer process (0 = the host's cores / concurrent processes)"),
     ("--data.prompt_dataset", str, None, "JSONL file of prompts, overriding the env's train split"),
     ("--data.input_key", str, "input", "prompt field of --data.prompt_dataset rows"),
@@ -217,6 +221,7 @@ def _validate_common(cfg: SimpleNamespace) -> None:
         cfg.actor.num_workers = gpus
     _choice("--actor.lr_scheduler", cfg.actor.lr_scheduler, ("constant", "cosine"))
     _choice("--actor.backend", cfg.actor.backend, BACKENDS)
+    _choice("--actor.param_dtype", cfg.actor.param_dtype, ("bfloat16", "float32"))
     for name in ("micro_batch_size", "max_tokens_per_gpu"):
         if getattr(cfg.train, name) < 1:
             raise ConfigError(f"--train.{name} must be >= 1, got {getattr(cfg.train, name)}")

@@ -57,11 +57,13 @@ class LogProbModel(nn.Module):
     tokens; it is used when it saves at least a fifth of the tokens.
     """
 
-    def __init__(self, lm: nn.Module, chunk_size: int, share_prefixes: bool = False) -> None:
+    def __init__(self, lm: nn.Module, chunk_size: int, share_prefixes: bool = False, compile_chunks: bool = False) -> None:
         super().__init__()
         self.lm = lm
         self.chunk_size = chunk_size
         self.share_prefixes = share_prefixes
+        # compiled, a chunk's upcast, log-sum-exp and gather fuse: its fp32 logits are never written out
+        self._chunk_logp = torch.compile(_chunk_logp, dynamic=True) if compile_chunks else _chunk_logp
         # transformers 5.x names the KV cache argument `cache`; 4.x called it `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
 
@@ -132,18 +134,18 @@ class LogProbModel(nn.Module):
         chunks = []
         for s in range(0, flat.shape[0], self.chunk_size):
             args = (flat[s:s + self.chunk_size], targets[s:s + self.chunk_size], weight, temperature)
-            chunks.append(checkpoint(_chunk_logp, *args, use_reentrant=False) if torch.is_grad_enabled()
-                          else _chunk_logp(*args))
+            chunks.append(checkpoint(self._chunk_logp, *args, use_reentrant=False) if torch.is_grad_enabled()
+                          else self._chunk_logp(*args))
         return torch.cat(chunks).reshape(n, length) if chunks else hidden.new_zeros(n, length)
 
 
 class PolicyWorker:
     """One rank. ``cfg`` keys: model_path, backend, freeze_moe_router, lr, betas, eps, weight_decay, max_norm,
-    warmup_steps, seed, trainable, logprob_chunk_size, gradient_checkpoint."""
+    warmup_steps, seed, trainable, logprob_chunk_size, gradient_checkpoint, param_dtype, compile."""
 
     def __init__(self, rank: int, world_size: int, master_addr: str, master_port: int, cfg: dict[str, Any]) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.fsdp import fully_shard
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers.utils import logging
 
         logging.disable_progress_bar()
@@ -160,13 +162,20 @@ class PolicyWorker:
         self.config = lm.config
         if cfg.get("gradient_checkpoint"):
             lm.gradient_checkpointing_enable()
+        gpu = self.device.type == "cuda"
+        compiled = gpu and cfg.get("compile", False)
+        # fp32 master weights; on GPU, FSDP2 all-gathers them as param_dtype for the forward and backward
+        precision = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.get("param_dtype", "bfloat16")) if gpu else None,
+                                         reduce_dtype=torch.float32)
         mesh = init_device_mesh(self.device.type, (world_size,))
         for layer in lm.model.layers:
-            fully_shard(layer, mesh=mesh)
-        # a KV cache does not combine with activation checkpointing, nor with AutoModel's tuple outputs
-        self.model = LogProbModel(lm, cfg["logprob_chunk_size"],
-                                  share_prefixes=cfg.get("backend", "hf") == "hf" and not cfg.get("gradient_checkpoint"))
-        fully_shard(self.model, mesh=mesh)
+            if compiled:  # the forward only: FSDP2's hooks around it stay eager
+                layer.forward = torch.compile(layer.forward)
+            fully_shard(layer, mesh=mesh, mp_policy=precision)
+        # a KV cache does not combine with activation checkpointing, compiled layers, or AutoModel's tuple outputs
+        self.model = LogProbModel(lm, cfg["logprob_chunk_size"], compile_chunks=compiled, share_prefixes=(
+            cfg.get("backend", "hf") == "hf" and not cfg.get("gradient_checkpoint") and not compiled))
+        fully_shard(self.model, mesh=mesh, mp_policy=precision)
         self.optimizer = self.scheduler = None
         self._shared: list[Any] = []  # weight buckets a colocated engine is reading by CUDA IPC
         if cfg.get("trainable", True):

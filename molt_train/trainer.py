@@ -98,6 +98,7 @@ def worker_cfg(cfg: SimpleNamespace, model_path: str, total_steps: int, trainabl
             "warmup_steps": math.ceil(a.lr_warmup_ratio * total_steps), "total_steps": total_steps,
             "lr_scheduler": a.lr_scheduler, "min_lr_ratio": a.min_lr_ratio, "trainable": trainable,
             "logprob_chunk_size": a.logprob_chunk_size, "gradient_checkpoint": a.gradient_checkpoint,
+            "param_dtype": a.param_dtype, "compile": a.compile,
             "num_threads": cpu_threads(cfg, concurrent_processes or a.num_workers)}
 
 

@@ -61,5 +61,10 @@ def read_exact_fd(fd: int, n: int) -> bytes:
     return b"".join(chunks)
 
 
+def read_body_fd(fd: int) -> bytes:
+    """One frame's undecoded JSON body."""
+    return read_exact_fd(fd, body_length(read_exact_fd(fd, _HEADER.size)))
+
+
 def read_fd(fd: int) -> dict:
-    return decode_body(read_exact_fd(fd, body_length(read_exact_fd(fd, _HEADER.size))))
+    return decode_body(read_body_fd(fd))

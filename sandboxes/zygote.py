@@ -29,7 +29,6 @@ import math
 import os
 import resource
 import select
-import shutil
 import signal
 import sys
 import time
@@ -78,16 +77,24 @@ class Spare:
             os.setsid()
             if zygote.scope_fd is not None:
                 landlock.restrict_self(zygote.scope_fd)
+            # The child's stdio, set up before the request: stdin an empty memfd (the payload's
+            # bytes go in later), stdout/stderr the capture pipes.
+            memfd = os.memfd_create("stdin", 0)
+            for src, dst in ((memfd, 0), (self.out_w, 1), (self.err_w, 2)):
+                os.dup2(src, dst)
+            os.close(memfd)
+            namespace = _child_stdio()
             if self.autonomous:
                 if not select.select([zygote.rx], [], [], 0)[0]:  # no request waiting yet
                     _rehearse()
                 try:
-                    order = frames.read_fd(zygote.rx)
+                    header = frames.read_body_fd(zygote.rx)  # forwarded as is: compact JSON has no newline
+                    order = frames.decode_body(header)
                 except frames.FrameError:
                     os.write(self.meta_w, b"E\n")  # the host closed the channel
                     os._exit(0)
                 if order.get("op") not in ("python", "exec"):  # not ours: hand it to the zygote
-                    os.write(self.meta_w, b"H" + json.dumps(order).encode() + b"\n")
+                    os.write(self.meta_w, b"H" + header + b"\n")
                     os._exit(0)
             else:
                 try:
@@ -95,17 +102,18 @@ class Spare:
                 except frames.FrameError:
                     os._exit(0)
             payload = frames.read_fd(zygote.rx)
-            os.makedirs(WORK, exist_ok=True)
+            if not os.path.isdir(WORK):  # the zygote keeps an empty one between runs
+                os.makedirs(WORK, exist_ok=True)
             _write_files(payload.get("files", {}))
-            stdin = os.memfd_create("stdin", 0)
-            os.write(stdin, base64.b64decode(payload.get("stdin", "")))
-            os.lseek(stdin, 0, os.SEEK_SET)
+            stdin = base64.b64decode(payload.get("stdin", ""))
+            if stdin:
+                os.write(0, stdin)
+                os.lseek(0, 0, os.SEEK_SET)
             loaded = b"L"  # the payload is consumed: the channel is in step for the next request
             if self.autonomous:  # one write, one wake-up of the zygote
-                loaded = b"O" + json.dumps({"op": order["op"], "limits": order["limits"]}).encode() + b"\nL"
+                loaded = b"O" + header + b"\nL"
             os.write(self.meta_w, loaded)
-            for src, dst in ((stdin, 0), (self.out_w, 1), (self.err_w, 2), (self.meta_w, 3)):
-                os.dup2(src, dst)
+            os.dup2(self.meta_w, 3)
             os.closerange(4, 1 << 16)
             _apply_limits(order["limits"])
             os.chdir(WORK)
@@ -118,9 +126,8 @@ class Spare:
                 except OSError as exc:
                     os.write(2, f"sandbox: cannot execute {argv[0]!r}: {exc.strerror}\n".encode())
                     os._exit(127)
-            exit_code, memory_error = _child_python(payload["code"])
-            done = json.dumps({"exit_code": exit_code, "memory_error": memory_error}).encode()
-            os.write(3, b"D" + done + b"\n")
+            exit_code, memory_error = _child_python(payload["code"], namespace)
+            os.write(3, b"D%d %d\n" % (exit_code, memory_error))
             os._exit(exit_code)
         except BaseException:
             os._exit(126)
@@ -160,9 +167,11 @@ class Zygote:
             except Exception as exc:  # a missing optional module is not fatal
                 report["missing"].append(f"{name}: {type(exc).__name__}: {exc}")
         import _thread
-        import ast  # noqa: F401  (warm what every child uses)
-        import atexit  # noqa: F401
+        import atexit  # noqa: F401  (warm what every child uses)
         import traceback  # noqa: F401
+
+        if self.config.get("persistent"):
+            import ast  # noqa: F401  (the REPL parses every cell)
 
         # Not `threading`: once imported, its at-fork hook runs in every spare (~120 copy-on-write
         # faults per fork); a snippet that uses threads imports it itself.
@@ -184,7 +193,13 @@ class Zygote:
             os.close(fd)
             self.scope_fd = landlock.scope_ruleset(version)
         report["pid"] = os.getpid()
+        # CPython 3.11 rewrites a function's bytecode as it warms up (quickening, specialization):
+        # warmed here, the rehearsal's code is inherited ready instead of rewritten (copied) in every spare.
+        for _ in range(10):
+            _rehearse()
         gc.freeze()  # children then never touch (copy) the preloaded objects' GC headers
+        if hasattr(_libc, "malloc_trim"):  # glibc: return the heap's free pages, fewer for each fork to copy
+            _libc.malloc_trim(0)
         return report
 
     def serve(self) -> None:
@@ -320,6 +335,13 @@ class Zygote:
         our own that is everything but PID 1 and us (one kill(-1)); without one, our descendants."""
         me = os.getpid()
         own_namespace = self.config.get("pid_namespace", True)
+        if own_namespace and not spare:
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except ProcessLookupError:
+                return True  # no other process, not even an unreaped one, is left in the namespace
+            except PermissionError:
+                pass
         deadline = time.monotonic() + 3.0
         while True:
             others = [p for p in (_jail_pids() if own_namespace else _descendants(me)) if p not in (1, me, *spare)]
@@ -496,24 +518,32 @@ def _rehearse() -> None:
     """Walk an execution's code paths once on dummy data while no request is waiting: after a fork
     each first write to a page still shared with the zygote is a copy-on-write fault (a few us each
     in a VM, hundreds per execution), so taking them while the worker idles keeps them off the
-    caller's clock. Writes nothing anywhere: fds 0-2 point at /dev/null."""
-    frames.decode_body(frames.encode({"op": "python", "limits": {"wall_s": 1.0}, "payload_len": 0})[4:])
+    caller's clock. Writes nothing anywhere: its output goes to /dev/null."""
+    frames.decode_body(b'{"op":"python","limits":{"wall_s":1.0},"payload_len":0}')
     base64.b64decode(base64.b64encode(b"rehearsal"))
-    null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
-    os.close(null)
-    _child_python(REHEARSAL, finish=False)
+    streams = sys.stdout, sys.stderr
+    with open(os.devnull, "w", encoding="utf-8", errors="backslashreplace") as null:
+        sys.stdout = sys.stderr = null
+        try:
+            _child_python(REHEARSAL, {"__name__": "__main__", "__builtins__": __builtins__}, finish=False)
+        finally:
+            sys.stdout, sys.stderr = streams
 
 
-def _child_python(code: str, finish: bool = True) -> tuple[int, bool]:
-    """Run `code` as `python -c` would; returns (exit code, died of MemoryError). `finish`: then
-    wait for its threads and run its atexit hooks (not in a rehearsal: that must leave no trace)."""
+def _child_stdio() -> dict:
+    """sys.argv and the standard streams on fds 0-2 as `python -c` has them; returns a fresh
+    `__main__` namespace for the snippet."""
     sys.argv = [""]
     sys.stdin = open(0, closefd=False)  # noqa: SIM115
     sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
     sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115
-    namespace = _fresh_main()
+    return _fresh_main()
+
+
+def _child_python(code: str, namespace: dict, finish: bool = True) -> tuple[int, bool]:
+    """Run `code` in `namespace` as `python -c` would; returns (exit code, died of MemoryError).
+    `finish`: then wait for its threads and run its atexit hooks (not in a rehearsal: that must
+    leave no trace)."""
     exit_code, memory_error = 0, False
     try:
         exec(compile(code, "<string>", "exec"), namespace)
@@ -642,11 +672,11 @@ class _Capture:
                     return "output_limit", None
 
     def _done(self) -> dict | None:
-        line = self.meta.partition(b"D")[2]  # meta is b"L" (payload loaded) then b"D{json}\n" (finished)
-        try:
-            return json.loads(line) if line.endswith(b"\n") else None
-        except ValueError:
+        line = self.meta.partition(b"D")[2]  # meta is b"L" (payload loaded) then b"D<exit code> <0|1>\n" (finished)
+        words = line.split()
+        if not line.endswith(b"\n") or len(words) != 2 or not all(word.isdigit() for word in words):
             return None
+        return {"exit_code": int(words[0]) & 0xFF, "memory_error": words[1] == b"1"}
 
     def _move(self, fd: int) -> int | None:
         """Splice what is readable on `fd`; None at EOF."""
@@ -832,16 +862,19 @@ def _reap(spare: tuple[int, ...]) -> None:
             continue
 
 
+# A container's own cgroup OOM counter, when mounted (the local jails have no /sys: their host reads the cgroup).
+_OOM_EVENTS = [
+    p for p in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control") if os.path.exists(p)
+]
+
+
 def _oom_kills() -> int:
-    for path, key in (
-        ("/sys/fs/cgroup/memory.events", "oom_kill"),
-        ("/sys/fs/cgroup/memory/memory.oom_control", "oom_kill"),
-    ):
+    for path in _OOM_EVENTS:
         try:
             with open(path) as handle:
                 for line in handle:
                     name, _, value = line.partition(" ")
-                    if name == key:
+                    if name == "oom_kill":
                         return int(value)
         except OSError:
             continue
@@ -856,14 +889,30 @@ def _inside_work(rel: str) -> str:
 
 
 def _remove(path: str) -> None:
+    """Delete a file or a whole tree, even one whose directories a snippet made unreadable. By path
+    (no shutil: its import maps bz2 and lzma into every fork), which is safe here: the jail's
+    processes are all dead by now, none can swap a directory for a symlink under us."""
     try:
         if os.path.isdir(path) and not os.path.islink(path):
             os.chmod(path, 0o700)
             for root, dirs, _ in os.walk(path):
                 for d in dirs:
+                    entry = os.path.join(root, d)
+                    if not os.path.islink(entry):  # chmod would follow it out of the tree
+                        with contextlib.suppress(OSError):
+                            os.chmod(entry, 0o700)
+            for root, dirs, files in os.walk(path, topdown=False):
+                for name in files:
                     with contextlib.suppress(OSError):
-                        os.chmod(os.path.join(root, d), 0o700)
-            shutil.rmtree(path, ignore_errors=True)
+                        os.unlink(os.path.join(root, name))
+                for name in dirs:  # a symlink to a directory is listed here too
+                    entry = os.path.join(root, name)
+                    with contextlib.suppress(OSError):
+                        if os.path.islink(entry):
+                            os.unlink(entry)
+                        else:
+                            os.rmdir(entry)
+            os.rmdir(path)
         else:
             os.unlink(path)
     except OSError:

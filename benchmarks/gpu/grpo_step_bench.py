@@ -1,14 +1,16 @@
-"""One colocated GRPO step on one GPU: vLLM generates, a torch policy recomputes log-probs and trains, weights sync.
+"""One colocated GRPO step on one GPU: vLLM generates, the trainer's policy recomputes log-probs and trains, weights sync.
 
-    python3 benchmarks/gpu/grpo_step_bench.py --model DIR [--steps 3] [--prompts 32 --samples 8 --new-tokens 512]
+    python3 benchmarks/gpu/grpo_step_bench.py --model DIR [--steps 3] [--param-dtype bfloat16] [--compile]
 
-vLLM (``VLLMEngine``, gpu_memory_utilization 0.35) and the policy (HF transformers, fp32 master weights, bf16
-autocast, SDPA, fused AdamW) stay resident on the same GPU: no sleep/wake. Per step:
+vLLM (``VLLMEngine``, gpu_memory_utilization 0.35) and the trainer's own ``PolicyWorker`` (one FSDP2 rank on NCCL,
+fp32 master weights, ``--param-dtype`` compute, SDPA, AdamW) stay resident on the same GPU: no sleep/wake. Ray is
+left out; everything else is the trainer's code path. Per step:
   generation   32 prompts x 8 samples through ``engine.generate`` (temperature 1, up to 512 new tokens)
-  logprob      the policy's recompute of the sampled tokens' log-probs (``policy_worker.LogProbModel``, chunked)
-  training     GRPO advantages (``algorithms.get_estimator("grpo")``) + PPO loss (``algorithms.ppo_loss``,
-               token-mean), one optimizer step over all 256 sequences in micro-batches
-  weight sync  ``engine.update_weights`` (bf16 buckets by CUDA IPC into vLLM's ``load_weights``)
+  logprob      ``PolicyWorker.logprobs``: the recompute of the sampled tokens' log-probs (pi_old)
+  training     GRPO advantages (``algorithms.get_estimator("grpo")``), then ``PolicyWorker.train_step`` (PPO loss,
+               token-mean, one optimizer step over all 256 sequences in micro-batches of ``--micro-rows``)
+  weight sync  ``PolicyWorker.share_weights`` (bf16 buckets) + ``engine.load_shared_buckets`` (CUDA IPC into vLLM's
+               ``load_weights``), as the trainer's colocated sync
 then, outside the timed step: ``engine.check_weight_update_equal`` over every vLLM parameter and the mismatch
 metrics (``algorithms.mismatch_metrics``) between vLLM's log-probs and the recompute.
 Training MFU = model FLOPs (6 x matmul params x tokens + causal attention) / training time / 790 TFLOP/s.
@@ -27,6 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shapes import random_prompts, record  # noqa: E402
 
 PEAK_FLOPS = 790e12  # bf16 dense, measured on this H200 (KINDS.md)
+LOSS = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "eps_high": 0.2, "dual_clip": None,
+        "loss_agg_mode": "token-mean", "is_level": "off", "is_mode": "mask", "is_threshold": (0.5, 5.0),
+        "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
 
 
 def model_flops(cfg, lengths: list[int], matmul_params: int, passes: int) -> float:
@@ -36,59 +41,51 @@ def model_flops(cfg, lengths: list[int], matmul_params: int, passes: int) -> flo
     return passes * (2 * matmul_params * sum(lengths) + attention)
 
 
-def build_batch(prompts, gens, device):
-    import torch
-
-    lengths = [len(p) + len(g.token_ids) for p, g in zip(prompts, gens, strict=True)]
-    width = max(lengths)
-    n = len(prompts)
-    ids = torch.zeros((n, width), dtype=torch.long)
-    attn = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width - 1), dtype=torch.bool)
-    rollout = torch.zeros((n, width - 1), dtype=torch.float32)
-    for i, (p, g) in enumerate(zip(prompts, gens, strict=True)):
-        seq = p + g.token_ids
-        ids[i, :len(seq)] = torch.tensor(seq)
-        attn[i, :len(seq)] = 1
-        mask[i, len(p) - 1:len(seq) - 1] = True
-        rollout[i, len(p) - 1:len(seq) - 1] = torch.tensor(g.log_probs, dtype=torch.float32)
-    return ids.to(device), attn.to(device), mask.to(device), rollout.to(device), lengths
-
-
 async def main_async(args: argparse.Namespace) -> None:
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from molt_envs import SamplingParams
-    from molt_train.algorithms import AdvantageInputs, aggregate, get_estimator, mismatch_metrics, ppo_loss
+    from molt_envs import SamplingParams, Trajectory
+    from molt_train.algorithms import AdvantageInputs, get_estimator, mismatch_metrics
     from molt_train.engines.vllm import VLLMEngine, VLLMOptions
-    from molt_train.policy_worker import LogProbModel
+    from molt_train.experience import make_experience, micro_batch, plan_micro_batches
+    from molt_train.policy_worker import PolicyWorker
 
     t0 = time.perf_counter()
     engine = VLLMEngine(args.model, VLLMOptions(gpu_memory_utilization=args.gpu_memory_utilization,
                                                 max_model_len=1024, max_num_seqs=1024, max_num_batched_tokens=16384))
     t_engine = time.perf_counter() - t0
-    cfg = AutoConfig.from_pretrained(args.model)
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script with a stand-in engine
 
     def synchronize() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    policy = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32, attn_implementation="sdpa").to(device)
-    policy.config.use_cache = False
-    lp_model = LogProbModel(policy, chunk_size=args.chunk)
-    optim = torch.optim.AdamW(policy.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0, fused=True)
-    matmul_params = sum(p.numel() for n, p in policy.named_parameters() if "embed_tokens" not in n)
+    worker = PolicyWorker(0, 1, "127.0.0.1", 29621, {
+        "model_path": args.model, "lr": args.lr, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0,
+        "max_norm": 1.0, "seed": 0, "warmup_steps": 0, "total_steps": args.steps, "lr_scheduler": "constant",
+        "min_lr_ratio": 0.0, "trainable": True, "logprob_chunk_size": args.chunk, "gradient_checkpoint": False,
+        "param_dtype": args.param_dtype, "compile": args.compile})
+    cfg = worker.config
+    matmul_params = sum(p.numel() for n, p in worker.model.named_parameters() if "embed_tokens" not in n)
     if cfg.tie_word_embeddings:
-        matmul_params += policy.get_input_embeddings().weight.numel()  # the tied lm_head is a matmul
+        matmul_params += cfg.vocab_size * cfg.hidden_size  # the tied lm_head is a matmul
     print(f"engine {t_engine:.1f}s, policy loaded {time.perf_counter() - t0:.1f}s; matmul params "
           f"{matmul_params / 1e6:.0f}M", flush=True)
 
-    def bf16_weights():
-        return [(n, p.detach().to(torch.bfloat16)) for n, p in policy.named_parameters()]
+    async def sync(check: bool) -> list[str]:
+        """The trainer's colocated sync: rank 0 packs bf16 buckets, the engine loads them by CUDA IPC."""
+        payloads, nbytes = worker.share_weights("bfloat16", engine.options.bucket_bytes)
+        try:
+            await engine.load_shared_buckets(payloads, nbytes)
+            if not check:
+                return []
+            # the trainer's weights again, as the engine sees them (this process cannot open its own IPC handles)
+            state = worker.full_state_dict(cpu_offload=False)
+            return await engine.check_weight_update_equal([(k, v.to(torch.bfloat16)) for k, v in state.items()])
+        finally:
+            worker.release_shared()
 
-    initial = await engine.check_weight_update_equal(bf16_weights())
+    initial = await sync(check=True)
     print(f"before training: {len(initial)} vLLM params differ from the policy's {initial[:3]}", flush=True)
 
     prompts = random_prompts(args.prompts, args.prompt_len, cfg.vocab_size, seed=1)
@@ -102,72 +99,66 @@ async def main_async(args: argparse.Namespace) -> None:
         gens = await asyncio.gather(*[engine.generate(prompts[i], sp) for (i, _), sp in zip(rows, params, strict=True)])
         s1 = time.perf_counter()
 
-        ids, attn, mask, logp_rollout, lengths = build_batch([prompts[i] for i, _ in rows], gens, device)
-        n = ids.shape[0]
-        order = sorted(range(n), key=lambda r: lengths[r])
-        micro = [order[k:k + args.micro_rows] for k in range(0, n, args.micro_rows)]
-        logp_old = torch.zeros_like(logp_rollout)
-        with torch.no_grad(), torch.autocast(device, dtype=torch.bfloat16):
-            for mb in micro:
-                width = max(lengths[r] for r in mb)
-                logp_old[mb, :width - 1] = lp_model(ids[mb, :width], attn[mb, :width]).float()
+        trajs = []
+        for (i, j), g in zip(rows, gens, strict=True):
+            t = Trajectory(group_id=str(i), rollout_id=f"{i}:{j}",  # synthetic reward: share of even token ids
+                           reward=sum(tok % 2 == 0 for tok in g.token_ids) / max(len(g.token_ids), 1))
+            t.append_observation(prompts[i])
+            t.append_action(g.token_ids, g.log_probs)
+            trajs.append(t)
+        exp = make_experience(trajs, max_len=args.prompt_len + args.new_tokens, pad_id=0)
+        lengths = exp.lengths.tolist()
+        micros = [micro_batch(exp, r, 0) for r in plan_micro_batches(lengths, 1, args.micro_rows, 1 << 20)[0]]
+        old = worker.logprobs(micros, 1.0)
         synchronize()
         s2 = time.perf_counter()
 
-        rewards = torch.tensor([sum(t % 2 == 0 for t in g.token_ids) / max(len(g.token_ids), 1) for g in gens])
-        adv, _ = estimator(AdvantageInputs(rewards=rewards.to(device), action_mask=mask,
-                                           group_ids=[str(i) for i, _ in rows], rollout_ids=[f"{i}:{j}" for i, j in rows]))
-        num_tokens = mask.sum()
-        metrics_acc: dict[str, float] = {}
-        for mb in micro:
-            width = max(lengths[r] for r in mb)
-            with torch.autocast(device, dtype=torch.bfloat16):
-                logp = lp_model(ids[mb, :width], attn[mb, :width]).float()
-            m = mask[mb, :width - 1]
-            loss_tokens, lm = ppo_loss(logp, logp_old[mb, :width - 1], adv[mb, :width - 1], m)
-            aggregate(loss_tokens, m, "token-mean", num_tokens=num_tokens).backward()
-            for k, v in lm.items():
-                metrics_acc[k] = metrics_acc.get(k, 0.0) + float(v) * len(mb) / n
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(policy.parameters(), 1.0))
-        optim.step()
-        optim.zero_grad(set_to_none=True)
+        exp.advantages, _ = estimator(AdvantageInputs(rewards=exp.rewards, action_mask=exp.action_mask,
+                                                      group_ids=exp.group_ids, rollout_ids=exp.rollout_ids))
+        micros = [micro_batch(exp, r, 0) for r in plan_micro_batches(lengths, 1, args.micro_rows, 1 << 20)[0]]
+        for mb, logp in zip(micros, old, strict=True):
+            mb["extra"] = {"logp_old": logp}
+        out = worker.train_step(micros, {"num_tokens": int(exp.action_mask.sum())}, LOSS)
         synchronize()
         s3 = time.perf_counter()
 
-        moved = await engine.update_weights(bf16_weights())
+        await sync(check=False)
         s4 = time.perf_counter()
-        sync = dict(engine.last_sync)
+        last = dict(engine.last_sync)
 
-        stale = await engine.check_weight_update_equal(bf16_weights())
-        mismatch = {k: float(v) for k, v in mismatch_metrics(logp_old, logp_rollout, mask).items()}
+        stale = await sync(check=True)
+        mismatch = {k: float(v) for k, v in mismatch_metrics(
+            torch.cat([lp[mb["action_mask"]] for lp, mb in zip(old, micros, strict=True)]),
+            torch.cat([mb["rollout_logp"][mb["action_mask"]] for mb in micros]),
+            torch.ones(int(exp.action_mask.sum()), dtype=torch.bool)).items()}
         gen_tokens = sum(len(g.token_ids) for g in gens)
         train_flops = model_flops(cfg, lengths, matmul_params, passes=3)
         result = {
-            "step": step, "sequences": n, "generated_tokens": gen_tokens, "total_tokens": sum(lengths),
+            "step": step, "sequences": len(rows), "generated_tokens": gen_tokens, "total_tokens": sum(lengths),
             "step_s": s4 - s0, "generation_s": s1 - s0, "logprob_s": s2 - s1, "training_s": s3 - s2,
-            "weight_sync_s": s4 - s3, "sync_wait_s": sync["wait_s"], "sync_copy_s": sync["copy_s"],
-            "sync_bytes": moved, "sync_buckets": sync["buckets"],
+            "weight_sync_s": s4 - s3, "sync_wait_s": last["wait_s"], "sync_copy_s": last["copy_s"],
+            "sync_bytes": last["bytes"], "sync_buckets": last["buckets"],
             "generation_tok_per_s": gen_tokens / (s1 - s0),
             "training_tflops": train_flops / (s3 - s2) / 1e12, "training_mfu": train_flops / (s3 - s2) / PEAK_FLOPS,
             "logprob_mfu": model_flops(cfg, lengths, matmul_params, passes=1) / (s2 - s1) / PEAK_FLOPS,
-            "stale_after_sync": stale, "grad_norm": grad_norm, "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
-            **mismatch, **metrics_acc,
+            "stale_after_sync": stale, "grad_norm": out["grad_norm"], "loss": out["loss"],
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0, **mismatch,
         }
         record(f"grpo_step{step}_{args.tag}", result)
         print(f"step {step}: {result['step_s']:.2f}s = gen {result['generation_s']:.2f} + logprob "
               f"{result['logprob_s']:.2f} + train {result['training_s']:.2f} + sync {result['weight_sync_s']:.3f} "
-              f"(wait {sync['wait_s']:.4f}, copy {sync['copy_s']:.4f}); MFU {result['training_mfu']:.1%}; "
+              f"(wait {last['wait_s']:.4f}, copy {last['copy_s']:.4f}); MFU {result['training_mfu']:.1%}; "
               f"stale {len(stale)}; bitwise_frac {mismatch['mismatch/bitwise_frac']:.3f} "
               f"abs_diff {mismatch['mismatch/abs_diff_mean']:.4f} k3 {mismatch['mismatch/k3_kl']:.2e}", flush=True)
 
     syncs = []
     for _ in range(args.sync_reps):
-        weights = bf16_weights()
         synchronize()
         start = time.perf_counter()
-        await engine.update_weights(weights)
+        await sync(check=False)
         syncs.append((time.perf_counter() - start, dict(engine.last_sync)))
     record(f"weight_sync_ipc_{args.tag}", {"total_s": [s for s, _ in syncs], "detail": [d for _, d in syncs]})
+    worker.shutdown()
     engine.shutdown()
 
 
@@ -183,6 +174,8 @@ def main() -> None:
     parser.add_argument("--micro-rows", type=int, default=32)
     parser.add_argument("--chunk", type=int, default=4096)
     parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--compile", action="store_true")
     parser.add_argument("--sync-reps", type=int, default=5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     asyncio.run(main_async(parser.parse_args()))

@@ -103,6 +103,9 @@ class VLLMOptions:
         for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
             if getattr(self, name) is not None:
                 kwargs[name] = getattr(self, name)
+        if self.max_num_seqs and self.max_num_seqs > 512 and not self.enforce_eager:
+            # vLLM captures CUDA graphs up to 512 sequences by default; a fuller decode batch would run without one
+            kwargs["compilation_config"] = {"max_cudagraph_capture_size": self.max_num_seqs}
         if self.mtp_num_speculative_tokens:
             kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": self.mtp_num_speculative_tokens}
         return kwargs

@@ -62,6 +62,12 @@ def test_engine_kwargs_pass_scaling_knobs_through():
     assert kw["enable_sleep_mode"] is True
 
 
+def test_cuda_graphs_cover_a_full_decode_batch_above_vllms_512_default():
+    assert VLLMOptions(max_num_seqs=1024).engine_kwargs("/m")["compilation_config"] == {"max_cudagraph_capture_size": 1024}
+    assert "compilation_config" not in VLLMOptions(max_num_seqs=256).engine_kwargs("/m")  # vLLM's default covers it
+    assert "compilation_config" not in VLLMOptions(max_num_seqs=1024, enforce_eager=True).engine_kwargs("/m")
+
+
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
     ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in"),

@@ -1,0 +1,117 @@
+"""Training-phase MFU of the trainer's own ``PolicyWorker`` (FSDP2, one rank) on the GRPO step's workload.
+
+    python3 benchmarks/gpu/train_mfu_bench.py --model DIR [--param-dtype bfloat16|float32] [--compile] [--steps 3]
+
+256 sequences (32 prompts x 8 samples) of 128 prompt + 512 response tokens, random ids (what a random-weight model
+generates), random group-normalised advantages. Per step, as the trainer runs it: ``logprobs`` (pi_old recompute,
+forward only) then ``train_step`` (PPO loss, token-mean, one optimizer step) over the trainer's micro-batch plan
+(``plan_micro_batches``: ``--micro-rows`` rows, ``--max-tokens`` tokens). MFU = model FLOPs (6 x matmul parameters x
+tokens + causal attention; forward only: 2x) / time / 790 TFLOP/s, as in ``grpo_step_bench.py``. Each variant runs
+in its own process (``PolicyWorker`` owns the process group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpo_step_bench import PEAK_FLOPS, model_flops  # noqa: E402
+from shapes import record  # noqa: E402
+
+LOSS = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "eps_high": 0.2, "dual_clip": None,
+        "loss_agg_mode": "token-mean", "is_level": "off", "is_mode": "mask", "is_threshold": (0.5, 5.0),
+        "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
+
+
+def experience(args: argparse.Namespace, vocab: int):
+    import torch
+
+    from molt_train.experience import Experience
+
+    g = torch.Generator().manual_seed(0)
+    n, length = args.prompts * args.samples, args.prompt_len + args.new_tokens
+    ids = torch.randint(3, vocab, (n, length), generator=g)
+    for i in range(n):  # the samples of a prompt share it
+        ids[i, :args.prompt_len] = ids[i - i % args.samples, :args.prompt_len]
+    action = torch.zeros((n, length - 1), dtype=torch.bool)
+    action[:, args.prompt_len - 1:] = True
+    rewards = torch.rand(n, generator=g).view(args.prompts, args.samples)
+    adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).view(n, 1) * action
+    return Experience(input_ids=ids, attention_mask=torch.ones_like(ids), action_mask=action,
+                      rollout_logp=torch.full((n, length - 1), -11.9) * action, rewards=rewards.view(n),
+                      lengths=torch.full((n,), length), truncated=torch.zeros(n, dtype=torch.bool),
+                      group_ids=[str(i // args.samples) for i in range(n)], rollout_ids=[str(i) for i in range(n)],
+                      scores=[None] * n, advantages=adv)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--compile", action="store_true")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--micro-rows", type=int, default=32)
+    parser.add_argument("--max-tokens", type=int, default=32768)
+    parser.add_argument("--chunk", type=int, default=4096)
+    parser.add_argument("--tag", default="0.6b")
+    args = parser.parse_args()
+
+    import torch
+
+    from molt_train.experience import micro_batch, plan_micro_batches
+    from molt_train.policy_worker import PolicyWorker
+
+    cfg = {"model_path": args.model, "lr": 1e-6, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0,
+           "max_norm": 1.0, "seed": 0, "warmup_steps": 0, "total_steps": args.steps, "lr_scheduler": "constant",
+           "min_lr_ratio": 0.0, "trainable": True, "logprob_chunk_size": args.chunk, "gradient_checkpoint": False,
+           "param_dtype": args.param_dtype, "compile": args.compile}
+    start = time.perf_counter()
+    worker = PolicyWorker(0, 1, "127.0.0.1", 29631, cfg)
+    config = worker.config
+    matmul_params = sum(p.numel() for n, p in worker.model.named_parameters() if "embed_tokens" not in n)
+    if config.tie_word_embeddings:
+        matmul_params += config.vocab_size * config.hidden_size  # the tied lm_head is a matmul
+    exp = experience(args, config.vocab_size)
+    plan = plan_micro_batches(exp.lengths.tolist(), 1, args.micro_rows, args.max_tokens)
+    micros = [micro_batch(exp, rows, 0) for rows in plan[0]]
+    lengths = exp.lengths.tolist()
+    window = {"num_tokens": int(exp.action_mask.sum())}
+    variant = f"{args.param_dtype}{'+compile' if args.compile else ''}"
+    print(f"{variant}: worker ready in {time.perf_counter() - start:.1f}s, {matmul_params / 1e6:.0f}M matmul params, "
+          f"{len(micros)} micro-batches of {args.micro_rows} rows", flush=True)
+    def sync() -> None:  # cpu: a dry run of this script
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    for step in range(args.steps):
+        sync()
+        t0 = time.perf_counter()
+        old = worker.logprobs(micros, 1.0)
+        sync()
+        t1 = time.perf_counter()
+        for mb, logp in zip(micros, old, strict=True):
+            mb["extra"] = {"logp_old": logp}
+        out = worker.train_step(micros, window, LOSS)
+        sync()
+        t2 = time.perf_counter()
+        result = {"variant": variant, "step": step, "tokens": sum(lengths), "logprob_s": t1 - t0, "training_s": t2 - t1,
+                  "logprob_mfu": model_flops(config, lengths, matmul_params, 1) / (t1 - t0) / PEAK_FLOPS,
+                  "training_mfu": model_flops(config, lengths, matmul_params, 3) / (t2 - t1) / PEAK_FLOPS,
+                  "training_tok_per_s": sum(lengths) / (t2 - t1), "loss": out["loss"], "grad_norm": out["grad_norm"],
+                  "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
+        record(f"train_mfu_{args.tag}_{variant}", result)
+        print(f"{variant} step {step}: logprob {t1 - t0:.2f}s ({result['logprob_mfu']:.1%}), train {t2 - t1:.2f}s "
+              f"({result['training_mfu']:.1%} MFU, {result['training_tok_per_s'] / 1e3:.0f}K tok/s), "
+              f"peak {result['peak_mem_gib']:.0f} GiB", flush=True)
+    worker.shutdown()
+
+
+if __name__ == "__main__":
+    main()
