@@ -48,7 +48,8 @@ def rank_main(rank: int, world: int, model_dir: str, port: int, out: str) -> Non
 
     cfg = {"model_path": model_dir, "lr": 1.0, "betas": (0.9, 0.95), "eps": 1.0, "weight_decay": 0.0, "max_norm": 0,
            "seed": 0, "warmup_steps": 0, "total_steps": 1, "lr_scheduler": "constant", "min_lr_ratio": 0.0,
-           "trainable": True, "logprob_chunk_size": 64, "gradient_checkpoint": False}
+           "trainable": True, "logprob_chunk_size": 64, "gradient_checkpoint": False,
+           "param_dtype": "float32"}  # a comparison of sharding: bf16 rounding would differ with the split
     worker = PolicyWorker(rank, world, "127.0.0.1", port, cfg)
     exp = experience(worker.config.vocab_size)
     plan = plan_micro_batches(exp.lengths.tolist(), world, 64, 400)
