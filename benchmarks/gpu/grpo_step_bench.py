@@ -34,6 +34,37 @@ LOSS = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "e
         "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
 
 
+def add_workload_args(parser: argparse.ArgumentParser) -> None:
+    """The GRPO step's workload and the trainer worker's settings (this bench and ``train_mfu_bench.py``)."""
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--tag", default="0.6b")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--prompts", type=int, default=32)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--new-tokens", type=int, default=512)
+    parser.add_argument("--micro-rows", type=int, default=32)
+    parser.add_argument("--chunk", type=int, default=4096)
+    parser.add_argument("--lr", type=float, default=1e-5)
+    parser.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float32"])
+    parser.add_argument("--compile", action="store_true")
+
+
+def worker_cfg(args: argparse.Namespace) -> dict:
+    """``PolicyWorker``'s settings: AdamW (0.9, 0.95), grad clip 1.0, constant LR, no activation checkpointing."""
+    return {"model_path": args.model, "lr": args.lr, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0,
+            "max_norm": 1.0, "seed": 0, "warmup_steps": 0, "total_steps": args.steps, "lr_scheduler": "constant",
+            "min_lr_ratio": 0.0, "trainable": True, "logprob_chunk_size": args.chunk, "gradient_checkpoint": False,
+            "param_dtype": args.param_dtype, "compile": args.compile}
+
+
+def count_matmul_params(worker) -> int:
+    """Parameters that multiply activations: all but the embedding, plus a tied lm_head (a matmul of its own)."""
+    config = worker.config
+    params = sum(p.numel() for n, p in worker.model.named_parameters() if "embed_tokens" not in n)
+    return params + (config.vocab_size * config.hidden_size if config.tie_word_embeddings else 0)
+
+
 def model_flops(cfg, lengths: list[int], matmul_params: int, passes: int) -> float:
     """``passes`` = 1 (forward), 3 (forward + backward)."""
     q_dim = cfg.num_attention_heads * cfg.head_dim
@@ -60,15 +91,9 @@ async def main_async(args: argparse.Namespace) -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    worker = PolicyWorker(0, 1, "127.0.0.1", 29621, {
-        "model_path": args.model, "lr": args.lr, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0,
-        "max_norm": 1.0, "seed": 0, "warmup_steps": 0, "total_steps": args.steps, "lr_scheduler": "constant",
-        "min_lr_ratio": 0.0, "trainable": True, "logprob_chunk_size": args.chunk, "gradient_checkpoint": False,
-        "param_dtype": args.param_dtype, "compile": args.compile})
+    worker = PolicyWorker(0, 1, "127.0.0.1", 29621, worker_cfg(args))
     cfg = worker.config
-    matmul_params = sum(p.numel() for n, p in worker.model.named_parameters() if "embed_tokens" not in n)
-    if cfg.tie_word_embeddings:
-        matmul_params += cfg.vocab_size * cfg.hidden_size  # the tied lm_head is a matmul
+    matmul_params = count_matmul_params(worker)
     print(f"engine {t_engine:.1f}s, policy loaded {time.perf_counter() - t0:.1f}s; matmul params "
           f"{matmul_params / 1e6:.0f}M", flush=True)
 
@@ -164,18 +189,7 @@ async def main_async(args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--tag", default="0.6b")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--micro-rows", type=int, default=32)
-    parser.add_argument("--chunk", type=int, default=4096)
-    parser.add_argument("--lr", type=float, default=1e-5)
-    parser.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--compile", action="store_true")
+    add_workload_args(parser)
     parser.add_argument("--sync-reps", type=int, default=5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     asyncio.run(main_async(parser.parse_args()))

@@ -18,12 +18,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_step_bench import PEAK_FLOPS, model_flops  # noqa: E402
+from grpo_step_bench import LOSS, PEAK_FLOPS, add_workload_args, count_matmul_params, model_flops, worker_cfg  # noqa: E402
 from shapes import record  # noqa: E402
-
-LOSS = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "eps_high": 0.2, "dual_clip": None,
-        "loss_agg_mode": "token-mean", "is_level": "off", "is_mode": "mask", "is_threshold": (0.5, 5.0),
-        "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
 
 
 def experience(args: argparse.Namespace, vocab: int):
@@ -49,18 +45,8 @@ def experience(args: argparse.Namespace, vocab: int):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--param-dtype", default="bfloat16", choices=["bfloat16", "float32"])
-    parser.add_argument("--compile", action="store_true")
-    parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--samples", type=int, default=8)
-    parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--new-tokens", type=int, default=512)
-    parser.add_argument("--micro-rows", type=int, default=32)
+    add_workload_args(parser)
     parser.add_argument("--max-tokens", type=int, default=32768)
-    parser.add_argument("--chunk", type=int, default=4096)
-    parser.add_argument("--tag", default="0.6b")
     args = parser.parse_args()
 
     import torch
@@ -68,16 +54,10 @@ def main() -> None:
     from molt_train.experience import micro_batch, plan_micro_batches
     from molt_train.policy_worker import PolicyWorker
 
-    cfg = {"model_path": args.model, "lr": 1e-6, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0,
-           "max_norm": 1.0, "seed": 0, "warmup_steps": 0, "total_steps": args.steps, "lr_scheduler": "constant",
-           "min_lr_ratio": 0.0, "trainable": True, "logprob_chunk_size": args.chunk, "gradient_checkpoint": False,
-           "param_dtype": args.param_dtype, "compile": args.compile}
     start = time.perf_counter()
-    worker = PolicyWorker(0, 1, "127.0.0.1", 29631, cfg)
+    worker = PolicyWorker(0, 1, "127.0.0.1", 29631, worker_cfg(args))
     config = worker.config
-    matmul_params = sum(p.numel() for n, p in worker.model.named_parameters() if "embed_tokens" not in n)
-    if config.tie_word_embeddings:
-        matmul_params += config.vocab_size * config.hidden_size  # the tied lm_head is a matmul
+    matmul_params = count_matmul_params(worker)
     exp = experience(args, config.vocab_size)
     plan = plan_micro_batches(exp.lengths.tolist(), 1, args.micro_rows, args.max_tokens)
     micros = [micro_batch(exp, rows, 0) for rows in plan[0]]
@@ -86,6 +66,7 @@ def main() -> None:
     variant = f"{args.param_dtype}{'+compile' if args.compile else ''}"
     print(f"{variant}: worker ready in {time.perf_counter() - start:.1f}s, {matmul_params / 1e6:.0f}M matmul params, "
           f"{len(micros)} micro-batches of {args.micro_rows} rows", flush=True)
+
     def sync() -> None:  # cpu: a dry run of this script
         if torch.cuda.is_available():
             torch.cuda.synchronize()
