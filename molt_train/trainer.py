@@ -376,8 +376,8 @@ class RLTrainer:
     def sync_weights(self) -> dict[str, float]:
         """Trainer -> engine. ``wait`` is time the engine spent reaching a safe point (hf: finishing its decode
         batch; vllm: finishing the rollout batch in flight, or with partial rollout pausing its requests); ``move``
-        is the rest: gathering the shards, transferring and
-        copying the bytes (and, with ``--train.check_weight_update_equal``, the check)."""
+        is the rest: gathering the shards, transferring and copying the bytes (and, with
+        ``--train.check_weight_update_equal``, the check)."""
         import ray
 
         t, check = time.perf_counter(), self.cfg.train.check_weight_update_equal

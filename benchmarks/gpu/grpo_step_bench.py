@@ -6,9 +6,10 @@ vLLM (``VLLMEngine``, gpu_memory_utilization 0.35) and the trainer's own ``Polic
 fp32 master weights, ``--param-dtype`` compute, SDPA, AdamW) stay resident on the same GPU: no sleep/wake. Ray is
 left out; everything else is the trainer's code path. Per step:
   generation   32 prompts x 8 samples through ``engine.generate`` (temperature 1, up to 512 new tokens)
-  logprob      ``PolicyWorker.logprobs``: the recompute of the sampled tokens' log-probs (pi_old)
-  training     GRPO advantages (``algorithms.get_estimator("grpo")``), then ``PolicyWorker.train_step`` (PPO loss,
-               token-mean, one optimizer step over all 256 sequences in micro-batches of ``--micro-rows``)
+  logprob      GRPO advantages (``algorithms.get_estimator("grpo")``, milliseconds), then ``PolicyWorker.logprobs``:
+               the recompute of the sampled tokens' log-probs (pi_old)
+  training     ``PolicyWorker.train_step`` (PPO loss, token-mean, one optimizer step over all 256 sequences in
+               micro-batches of ``--micro-rows``)
   weight sync  ``PolicyWorker.share_weights`` (bf16 buckets) + ``engine.load_shared_buckets`` (CUDA IPC into vLLM's
                ``load_weights``), as the trainer's colocated sync
 then, outside the timed step: ``engine.check_weight_update_equal`` over every vLLM parameter and the mismatch
@@ -133,14 +134,14 @@ async def main_async(args: argparse.Namespace) -> None:
             trajs.append(t)
         exp = make_experience(trajs, max_len=args.prompt_len + args.new_tokens, pad_id=0)
         lengths = exp.lengths.tolist()
+        # GRPO advantages (milliseconds) before the micro-batches, which carry them
+        exp.advantages, _ = estimator(AdvantageInputs(rewards=exp.rewards, action_mask=exp.action_mask,
+                                                      group_ids=exp.group_ids, rollout_ids=exp.rollout_ids))
         micros = [micro_batch(exp, r, 0) for r in plan_micro_batches(lengths, 1, args.micro_rows, 1 << 20)[0]]
         old = worker.logprobs(micros, 1.0)
         synchronize()
         s2 = time.perf_counter()
 
-        exp.advantages, _ = estimator(AdvantageInputs(rewards=exp.rewards, action_mask=exp.action_mask,
-                                                      group_ids=exp.group_ids, rollout_ids=exp.rollout_ids))
-        micros = [micro_batch(exp, r, 0) for r in plan_micro_batches(lengths, 1, args.micro_rows, 1 << 20)[0]]
         for mb, logp in zip(micros, old, strict=True):
             mb["extra"] = {"logp_old": logp}
         out = worker.train_step(micros, {"num_tokens": int(exp.action_mask.sum())}, LOSS)
