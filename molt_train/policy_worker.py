@@ -1,8 +1,9 @@
 """``PolicyWorker``: one FSDP2 rank of the policy (or of the frozen reference), run as a Ray actor.
 
 A transformers causal LM is sharded with ``fully_shard`` (each decoder layer, then the root), gloo on CPU and NCCL
-on GPU. Log-probs are computed in chunks of ``logprob_chunk_size`` tokens, each recomputed in backward, so the fp32
-full-vocabulary logits of the whole batch never exist at once. ``train_step`` runs one optimizer step over the
+on GPU. Log-probs go through the LM head in chunks of ``logprob_chunk_size`` tokens (``molt_train.logprob``: only
+each position's log-sum-exp is kept, backward redoes a chunk's matmul), so the fp32 full-vocabulary logits of the
+whole batch never exist at once. ``train_step`` runs one optimizer step over the
 worker's micro-batches; the loss denominators are those of the whole optimizer window (all micro-batches on all
 ranks), and the loss is scaled by the world size because FSDP averages gradients over ranks.
 """
@@ -19,15 +20,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from molt_train.actor_backend import load_policy_model
 from molt_train.algorithms import aggregate, get_policy_loss, is_correction, kl_loss, mismatch_metrics
-
-
-def _chunk_logp(hidden: Tensor, targets: Tensor, weight: Tensor, temperature: float) -> Tensor:
-    logits = (hidden @ weight.t()).float() / temperature
-    return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
+from molt_train.logprob import ChunkedLogProb, chunk_kernels
 
 
 def _lr_lambda(cfg: dict[str, Any]):
@@ -62,8 +58,7 @@ class LogProbModel(nn.Module):
         self.lm = lm
         self.chunk_size = chunk_size
         self.share_prefixes = share_prefixes
-        # compiled, a chunk's upcast, log-sum-exp and gather fuse: its fp32 logits are never written out
-        self._chunk_logp = torch.compile(_chunk_logp, dynamic=True) if compile_chunks else _chunk_logp
+        self._kernels = chunk_kernels(compile_chunks)
         # transformers 5.x names the KV cache argument `cache`; 4.x called it `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
 
@@ -88,7 +83,7 @@ class LogProbModel(nn.Module):
                                             torch.tensor([slot[o] for o in owner], device=device), suffix)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask,  # [0]: a ModelOutput or a
-                               position_ids=position_ids)[0][:, :-1]  # tuple (AutoModel's return_dict=False)
+                               position_ids=position_ids, use_cache=False)[0][:, :-1]  # tuple (AutoModel's)
         return self._logp(hidden, input_ids[:, 1:], temperature).clone()  # FSDP2 warns on view outputs
 
     def _shared_forward(self, input_ids: Tensor, temperature: float, lengths: Tensor, prefix_lens: Tensor,
@@ -129,14 +124,11 @@ class LogProbModel(nn.Module):
     def _logp(self, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
         """Log-probs of ``targets`` (N, T) from ``hidden`` (N, T, H), in chunks of ``chunk_size`` positions."""
         n, length, width = hidden.shape
-        flat, targets = hidden.reshape(-1, width), targets.reshape(-1)
-        weight = self.lm.lm_head.weight
-        chunks = []
-        for s in range(0, flat.shape[0], self.chunk_size):
-            args = (flat[s:s + self.chunk_size], targets[s:s + self.chunk_size], weight, temperature)
-            chunks.append(checkpoint(self._chunk_logp, *args, use_reentrant=False) if torch.is_grad_enabled()
-                          else self._chunk_logp(*args))
-        return torch.cat(chunks).reshape(n, length) if chunks else hidden.new_zeros(n, length)
+        if n * length == 0:
+            return hidden.new_zeros(n, length, dtype=torch.float32)
+        logp = ChunkedLogProb.apply(hidden.reshape(-1, width), self.lm.lm_head.weight, targets.reshape(-1),
+                                    temperature, self.chunk_size, self._kernels)
+        return logp.reshape(n, length)
 
 
 class PolicyWorker:
@@ -171,7 +163,8 @@ class PolicyWorker:
         for layer in lm.model.layers:
             if compiled:  # the forward only: FSDP2's hooks around it stay eager
                 layer.forward = torch.compile(layer.forward)
-            fully_shard(layer, mesh=mesh, mp_policy=precision)
+            # one rank: keep the layer's compute-dtype copy from forward to backward (resharding frees nothing)
+            fully_shard(layer, mesh=mesh, mp_policy=precision, reshard_after_forward=world_size > 1)
         # a KV cache does not combine with activation checkpointing, compiled layers, or AutoModel's tuple outputs
         self.model = LogProbModel(lm, cfg["logprob_chunk_size"], compile_chunks=compiled, share_prefixes=(
             cfg.get("backend", "hf") == "hf" and not cfg.get("gradient_checkpoint") and not compiled))
@@ -198,9 +191,10 @@ class PolicyWorker:
         ('rl' | 'sft'), temperature and, for rl, the policy-loss / IS / KL settings."""
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        totals: dict[str, float] = {}
-        tokens_seen, loss_sum = 0, 0.0
+        totals: dict[str, Tensor] = {}  # summed on the device: no host sync between micro-batches
+        tokens_seen, loss_sum = 0, torch.zeros((), device=self.device)
         for mb in micro_batches:
+            n = int(mb["action_mask"].sum())
             mask = mb["action_mask"].to(self.device)
             logp = self.model(mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device),
                               loss_cfg["temperature"], mask)
@@ -210,16 +204,16 @@ class PolicyWorker:
             else:
                 loss, metrics = self._rl_loss(logp, mask, mb, window, loss_cfg)
             (loss * self.world_size).backward()
-            n = int(mask.sum())
-            loss_sum += float(loss.detach())
+            loss_sum += loss.detach()
             tokens_seen += n
             for k, v in metrics.items():
-                totals[k] = totals.get(k, 0.0) + float(v) * n
+                totals[k] = totals.get(k, 0.0) + torch.as_tensor(v, device=self.device).detach().float() * n
         grad_norm = self._clip()
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        return {"loss": loss_sum, "tokens": tokens_seen, "grad_norm": grad_norm, "lr": lr, "weighted": totals}
+        return {"loss": float(loss_sum), "tokens": tokens_seen, "grad_norm": grad_norm, "lr": lr,
+                "weighted": {k: float(v) for k, v in totals.items()}}
 
     def _rl_loss(self, logp: Tensor, mask: Tensor, mb: dict[str, Any], window: dict[str, Any],
                  cfg: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:

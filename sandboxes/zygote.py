@@ -14,7 +14,8 @@ dirs and forks the next spare. In REPL mode one long-lived child keeps its globa
 
 Wire: request = header frame {"op", "limits", ...}; for "python"/"exec" a payload frame follows
 ({"code"|"argv", "stdin", "files"}), read by the spare. Reply = header frame with "stdout_len" and
-"stderr_len", followed by that many raw bytes of each.
+"stderr_len", followed by that many raw bytes of each (for an execution all of it in one sendfile
+from the stdout memfd, so the host wakes once).
 """
 
 from __future__ import annotations
@@ -42,14 +43,17 @@ WORK = "/tmp/work"
 SCRATCH = ("/tmp", "/dev/shm")
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+# A spare rehearses (see `_rehearse`) only when no request came for this long: under steady traffic
+# the next request is due any moment and the rehearsal would only compete with it for the cores.
+REHEARSE_AFTER_S = 0.002
 
 
 class Spare:
     """A pre-forked child waiting for its request. `autonomous`: it rehearses an execution (see
-    `_rehearse`), then reads the request itself and tells the zygote ("O" line on its meta pipe,
-    followed by "L", in one write once the payload is in), saving a hand-off; otherwise the zygote
-    reads the header and passes it on the go pipe (persistent sessions, whose zygote also serves
-    REPL and file requests)."""
+    `_rehearse`) once no request came for REHEARSE_AFTER_S, then reads the request itself and tells
+    the zygote ("O" line on its meta pipe, followed by "L", in one write once the payload is in),
+    saving a hand-off; otherwise the zygote reads the header and passes it on the go pipe
+    (persistent sessions, whose zygote also serves REPL and file requests)."""
 
     def __init__(self, zygote: Zygote, autonomous: bool = False) -> None:
         self.autonomous = autonomous
@@ -85,7 +89,7 @@ class Spare:
             os.close(memfd)
             namespace = _child_stdio()
             if self.autonomous:
-                if not select.select([zygote.rx], [], [], 0)[0]:  # no request waiting yet
+                if not select.select([zygote.rx], [], [], REHEARSE_AFTER_S)[0]:  # the worker is idle
                     _rehearse()
                 try:
                     header = frames.read_body_fd(zygote.rx)  # forwarded as is: compact JSON has no newline
@@ -210,10 +214,12 @@ class Zygote:
         while True:
             if autonomous:  # the waiting spare reads the channel; we hear from it on its meta pipe
                 spare, self.spare = self.spare, None
+                capture = _Capture(spare)  # made while idle: the "O" wake-up then only parses a line
                 kind, request, rest = _first_line(spare)
                 if kind == b"O":
-                    self.run(request, spare, rest)
+                    self.run(request, capture, rest)
                     continue
+                capture.close()
                 self.after(spare, reaped=False, loaded=kind == b"H")
                 if kind != b"H":
                     return  # b"E": the host closed the channel
@@ -227,7 +233,7 @@ class Zygote:
     def dispatch(self, request: dict) -> None:
         op = request.get("op")
         if op in ("python", "exec"):
-            self.run(request, Spare(self), b"")
+            self.run(request, _Capture(Spare(self)), b"")
             return
         if op == "repl":
             reply, out, err = self.run_repl(request)
@@ -243,22 +249,33 @@ class Zygote:
             reply = {"error": f"unknown op {op!r}"}
         frames.write_fd(self.tx, reply)
 
-    def send(self, reply: dict, out, err) -> None:
-        """Reply header, then stdout and stderr: each either bytes or a (memfd, length) pair."""
-        sizes = [len(x) if isinstance(x, (bytes, bytearray)) else x[1] for x in (out, err)]
-        frames.write_fd(self.tx, {**reply, "stdout_len": sizes[0], "stderr_len": sizes[1]})
-        for blob, size in zip((out, err), sizes, strict=False):
-            if isinstance(blob, (bytes, bytearray)):
-                view = memoryview(blob)
-                while view:
-                    view = view[os.write(self.tx, view) :]
-                continue
-            fd, offset = blob[0], 0
-            while offset < size:
-                sent = os.sendfile(self.tx, fd, offset, size - offset)
-                if sent == 0:
-                    raise OSError("sendfile made no progress")
-                offset += sent
+    def send(self, reply: dict, out: bytes, err: bytes) -> None:
+        """Reply header, then stdout and stderr, in one write."""
+        view = memoryview(frames.encode({**reply, "stdout_len": len(out), "stderr_len": len(err)}) + out + err)
+        while view:
+            view = view[os.write(self.tx, view) :]
+
+    def send_capture(self, reply: dict, capture: _Capture) -> None:
+        """Reply header, stdout and stderr in one sendfile from the stdout memfd (the host wakes once),
+        the output never entering our memory: the header goes in front of stdout, stderr after it."""
+        out, err = capture.sizes
+        header = frames.encode({**reply, "stdout_len": out, "stderr_len": err})
+        start, end = _Capture.HEAD - len(header), _Capture.HEAD + out
+        if start < 0:  # our replies are far smaller
+            raise frames.FrameError(f"reply header of {len(header)} bytes")
+        os.pwrite(capture.out, header, start)
+        copied = 0
+        while copied < err:
+            step = os.copy_file_range(capture.err, capture.out, err - copied, copied, end + copied)
+            if step == 0:
+                raise OSError("copy_file_range made no progress")
+            copied += step
+        end += err
+        while start < end:
+            sent = os.sendfile(self.tx, capture.out, start, end - start)
+            if sent == 0:
+                raise OSError("sendfile made no progress")
+            start += sent
 
     # ---- files ----------------------------------------------------------------------------
     def put(self, request: dict) -> dict:
@@ -277,14 +294,15 @@ class Zygote:
         return {"data": base64.b64encode(data).decode()}
 
     # ---- one-shot execution -----------------------------------------------------------------
-    def run(self, request: dict, spare: Spare, meta: bytes) -> None:
-        """Supervise `spare` running `request` (its payload is read by the spare itself)."""
+    def run(self, request: dict, capture: _Capture, meta: bytes) -> None:
+        """Supervise `capture.spare` running `request` (its payload is read by the spare itself)."""
         limits = request["limits"]
         oom_before = _oom_kills()  # visible in a container; the local host reads the jail's cgroup itself
         start = time.monotonic()
+        spare = capture.spare
         if not spare.autonomous:
             frames.write_fd(spare.go_w, {"op": request["op"], "limits": limits})
-        capture = _Capture(spare, limits["max_output_bytes"])
+        capture.cap = limits["max_output_bytes"]
         capture.meta = meta
         outcome, done = capture.pump(start + limits["wall_s"])
         reaped = None
@@ -302,7 +320,7 @@ class Zygote:
         if not loaded:  # the spare died before consuming its payload: the channel may be out of step
             reply.update(status="infra_error", note="the worker's spare process failed before reading the request")
         reply.update(truncated=capture.truncated, wall_ms=(time.monotonic() - start) * 1000, healthy=loaded)
-        self.send(reply, (capture.out, capture.sizes[0]), (capture.err, capture.sizes[1]))
+        self.send_capture(reply, capture)
         capture.close()
         self.after(spare, reaped is not None, loaded)
 
@@ -634,22 +652,25 @@ def _apply_limits(limits: dict, cpu_limit: bool = True) -> None:
 
 class _Capture:
     """Moves a running child's stdout/stderr into memfds (kernel to kernel, via splice) up to the
-    byte cap, while watching its meta pipe ("done" message) and its exit (pidfd)."""
+    byte cap, while watching its meta pipe ("done" message) and its exit (pidfd). Stdout lands at
+    offset HEAD of its memfd, leaving room for the reply header in front of it (see send_capture)."""
 
-    def __init__(self, spare: Spare, cap: int) -> None:
+    HEAD = 4096
+
+    def __init__(self, spare: Spare) -> None:
         self.spare = spare
-        self.cap = cap
+        self.cap = 0  # set from the request's limits
         self.out = os.memfd_create("stdout", os.MFD_CLOEXEC)
         self.err = os.memfd_create("stderr", os.MFD_CLOEXEC)
         self.sizes = [0, 0]
         self.truncated = False
         self.meta = b""
+        self.poller = select.poll()
+        for fd in (spare.out_r, spare.err_r, spare.meta_r, spare.pidfd):
+            self.poller.register(fd, select.POLLIN)
 
     def pump(self, deadline: float) -> tuple[str, dict | None]:
-        spare = self.spare
-        poller = select.poll()
-        for fd in (spare.out_r, spare.err_r, spare.meta_r, spare.pidfd):
-            poller.register(fd, select.POLLIN)
+        spare, poller = self.spare, self.poller
         if self.meta.endswith(b"\n"):  # the "done" line came with the first one
             return "done", self._done()
         while True:
@@ -682,9 +703,9 @@ class _Capture:
         """Splice what is readable on `fd`; None at EOF."""
         index = 0 if fd == self.spare.out_r else 1
         room = self.cap - sum(self.sizes)
-        target = self.out if index == 0 else self.err
+        target, base = (self.out, self.HEAD) if index == 0 else (self.err, 0)
         try:
-            moved = os.splice(fd, target, max(room, 0) + 1)
+            moved = os.splice(fd, target, max(room, 0) + 1, offset_dst=base + self.sizes[index])
         except BlockingIOError:
             return 0
         if moved == 0:
@@ -692,7 +713,7 @@ class _Capture:
         self.sizes[index] += moved
         if sum(self.sizes) > self.cap:
             self.sizes[index] -= sum(self.sizes) - self.cap
-            os.ftruncate(target, self.sizes[index])
+            os.ftruncate(target, base + self.sizes[index])
             self.truncated = True
         return moved
 

@@ -59,6 +59,15 @@ def worker_cfg(args: argparse.Namespace) -> dict:
             "param_dtype": args.param_dtype, "compile": args.compile}
 
 
+def local_port() -> int:
+    """A free TCP port for the worker's process group (two benches can then share a machine)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def count_matmul_params(worker) -> int:
     """Parameters that multiply activations: all but the embedding, plus a tied lm_head (a matmul of its own)."""
     config = worker.config
@@ -92,7 +101,7 @@ async def main_async(args: argparse.Namespace) -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    worker = PolicyWorker(0, 1, "127.0.0.1", 29621, worker_cfg(args))
+    worker = PolicyWorker(0, 1, "127.0.0.1", local_port(), worker_cfg(args))
     cfg = worker.config
     matmul_params = count_matmul_params(worker)
     print(f"engine {t_engine:.1f}s, policy loaded {time.perf_counter() - t0:.1f}s; matmul params "

@@ -10,7 +10,9 @@
 #   (stage3 also: the trainer's training MFU in three variants, its GPU test, vLLM rollout at 256 / 1024) |
 #   c [.stage-gpu/b]: ray/trl/automodel wheels, the CLI GPU tests (disaggregated, async, 2-way) |
 #   d: placement bench (disaggregated async vs colocated sync) |
-#   e: our GRPO step and TRL's GRPOTrainer step side by side (GPU 1 / GPU 0), NCCL sync at 1.7B
+#   e [.stage-gpu/b]: our GRPO step and TRL's GRPOTrainer step side by side (GPU 1 / GPU 0), NCCL sync at 1.7B
+#   f (after stage1, instead of stage3) [.stage-vllm/p2]: training MFU with the chunked log-prob backward (profiled),
+#   the worker's GPU test, our GRPO step compiled
 # Logs and RESULT json files go to $OUT. Every phase has its own time limit, so one failure does not stop the rest.
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -41,18 +43,33 @@ stage3)  # run as: source .stage-vllm/p2/install.sh && bash benchmarks/gpu/run_h
   phase rollout_vllm 250 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/rollout_bench.py --engine vllm --model $M06
   wait
   ;;
-c)
+c|e)
+  if [ ! -d /tmp/site2 ]; then
   cp .stage-gpu/b/* /tmp/whl/ && cd /tmp/whl && cat ray.whl.part0? > ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl \
     && sha256sum -c ray.sha256 && rm ray.whl.part0? && cd - >/dev/null || exit 1
   python3 -m pip install -q --no-index --no-deps --target /tmp/site2 /tmp/whl/{ray,jsonschema,referencing,rpds,trl,datasets,multiprocess,gymnasium,cloudpickle,farama,molt_ecosystem}*.whl
   python3 -m pip install -q --no-index --no-deps --target /tmp/site_am /tmp/whl/{nemo_automodel,megatron_fsdp,transformers,torchao}*.whl
   python3 -c "import vllm, ray, env_registry, molt_train.trainer; print('imports ok', vllm.__version__, ray.__version__,
     env_registry.spec('molt/gsm8k-v1').id)"  # the project's wheel in /tmp/site2 gives the registry its manifests
+  fi
+  ;;&
+c)
   phase cli_tests 540 python3 -m pytest -q -p no:cacheprovider tests/molt_train/test_gpu_trainer_vllm.py \
     -k "disaggregated or two_way"
   ;;
 d)
   phase placement 280 python3 benchmarks/gpu/placement_bench.py --model $M06 --eager
+  ;;
+f)  # run as: source .stage-vllm/p2/install.sh && bash benchmarks/gpu/run_h200.sh f
+  cp .stage-vllm/p2/install.sh /tmp/stg/install.sh
+  (  # GPU 0: training MFU with the chunked log-prob backward (one variant profiled), then the worker's GPU test
+    for v in "--compile --profile" "" "--compile --micro-rows 64 --max-tokens 65536"; do
+      phase "mfu_${v// /_}" 240 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu/train_mfu_bench.py --model $M06 $v
+    done
+    phase worker_test 150 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider tests/molt_train/test_gpu_policy_worker.py
+  ) &
+  phase grpo_06b_compile 330 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/grpo_step_bench.py --model $M06 --compile
+  wait
   ;;
 e)  # side by side: TRL's GRPOTrainer on GPU 0, ours (the trainer's PolicyWorker + our vLLM engine) on GPU 1
   phase grpo_06b 300 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/grpo_step_bench.py --model $M06 --tag 0.6b \

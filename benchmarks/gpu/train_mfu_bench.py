@@ -1,13 +1,15 @@
 """Training-phase MFU of the trainer's own ``PolicyWorker`` (FSDP2, one rank) on the GRPO step's workload.
 
     python3 benchmarks/gpu/train_mfu_bench.py --model DIR [--param-dtype bfloat16|float32] [--compile] [--steps 3]
+        [--profile]
 
 256 sequences (32 prompts x 8 samples) of 128 prompt + 512 response tokens, random ids (what a random-weight model
 generates), random group-normalised advantages. Per step, as the trainer runs it: ``logprobs`` (pi_old recompute,
 forward only) then ``train_step`` (PPO loss, token-mean, one optimizer step) over the trainer's micro-batch plan
 (``plan_micro_batches``: ``--micro-rows`` rows, ``--max-tokens`` tokens). MFU = model FLOPs (6 x matmul parameters x
 tokens + causal attention; forward only: 2x) / time / 790 TFLOP/s, as in ``grpo_step_bench.py``. Each variant runs
-in its own process (``PolicyWorker`` owns the process group).
+in its own process (``PolicyWorker`` owns the process group). ``--profile`` runs one more step under
+``torch.profiler`` and prints where the GPU time went: the top kernels and a split by kind of kernel.
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from grpo_step_bench import LOSS, PEAK_FLOPS, add_workload_args, count_matmul_params, model_flops, worker_cfg  # noqa: E402
+from grpo_step_bench import (  # noqa: E402
+    LOSS,
+    PEAK_FLOPS,
+    add_workload_args,
+    count_matmul_params,
+    local_port,
+    model_flops,
+    worker_cfg,
+)
 from shapes import record  # noqa: E402
 
 
@@ -47,6 +57,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     add_workload_args(parser)
     parser.add_argument("--max-tokens", type=int, default=32768)
+    parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
 
     import torch
@@ -55,7 +66,7 @@ def main() -> None:
     from molt_train.policy_worker import PolicyWorker
 
     start = time.perf_counter()
-    worker = PolicyWorker(0, 1, "127.0.0.1", 29631, worker_cfg(args))
+    worker = PolicyWorker(0, 1, "127.0.0.1", local_port(), worker_cfg(args))
     config = worker.config
     matmul_params = count_matmul_params(worker)
     exp = experience(args, config.vocab_size)
@@ -71,7 +82,7 @@ def main() -> None:
         if torch.cuda.is_available():
             torch.cuda.synchronize()
 
-    for step in range(args.steps):
+    def step_once() -> tuple[float, float, float, dict]:
         sync()
         t0 = time.perf_counter()
         old = worker.logprobs(micros, 1.0)
@@ -81,7 +92,10 @@ def main() -> None:
             mb["extra"] = {"logp_old": logp}
         out = worker.train_step(micros, window, LOSS)
         sync()
-        t2 = time.perf_counter()
+        return t0, t1, time.perf_counter(), out
+
+    for step in range(args.steps):
+        t0, t1, t2, out = step_once()
         result = {"variant": variant, "step": step, "tokens": sum(lengths), "logprob_s": t1 - t0, "training_s": t2 - t1,
                   "logprob_mfu": model_flops(config, lengths, matmul_params, 1) / (t1 - t0) / PEAK_FLOPS,
                   "training_mfu": model_flops(config, lengths, matmul_params, 3) / (t2 - t1) / PEAK_FLOPS,
@@ -91,7 +105,35 @@ def main() -> None:
         print(f"{variant} step {step}: logprob {t1 - t0:.2f}s ({result['logprob_mfu']:.1%}), train {t2 - t1:.2f}s "
               f"({result['training_mfu']:.1%} MFU, {result['training_tok_per_s'] / 1e3:.0f}K tok/s), "
               f"peak {result['peak_mem_gib']:.0f} GiB", flush=True)
+    if args.profile:
+        profile(step_once, variant)
     worker.shutdown()
+
+
+KINDS = (("gemm", ("gemm", "cutlass", "sm90", "nvjet", "matmul")), ("attention", ("flash", "fmha", "attention")),
+         ("nccl", ("nccl",)), ("copy", ("memcpy", "memset", "copy")))
+
+
+def profile(step_once, variant: str) -> None:
+    """One step under torch.profiler: the 25 kernels with the most GPU time, and the time by kind of kernel."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
+        step_once()
+    events = [e for e in prof.key_averages() if e.self_device_time_total > 0 and e.device_type.name == "CUDA"]
+    total = sum(e.self_device_time_total for e in events) or 1
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=90))
+    print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_device_time_total", row_limit=25,
+                                                             max_name_column_width=40, max_shapes_column_width=120))
+    split: dict[str, float] = {}
+    for e in events:
+        name = e.key.lower()
+        kind = next((k for k, words in KINDS if any(w in name for w in words)), "elementwise/other")
+        split[kind] = split.get(kind, 0.0) + e.self_device_time_total
+    record(f"train_profile_{variant}", {k: v / 1e6 for k, v in split.items()} | {"total_s": total / 1e6})
+    print(f"{variant} GPU time by kind: " + ", ".join(f"{k} {v / 1e6:.3f}s ({v / total:.0%})"
+                                                      for k, v in sorted(split.items(), key=lambda kv: -kv[1])))
 
 
 if __name__ == "__main__":

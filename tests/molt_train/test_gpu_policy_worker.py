@@ -47,7 +47,7 @@ def run_worker(model_dir: str, param_dtype: str, compile_: bool, port: int, queu
     moved = [(a - b)[mb["action_mask"]] for a, b, mb in zip(after, logps, micros, strict=True)]
     # plain lists: a tensor would travel as a file descriptor that dies with this process
     queue.put({"logp": torch.cat(masked).tolist(), "moved": torch.cat(moved).tolist(), "grad_norm": result["grad_norm"],
-               "param_dtype": str(next(iter(worker.model.lm.model.layers[0].parameters())).dtype)})
+               "param_dtype": str(worker.optimizer.param_groups[0]["params"][0].dtype)})
     worker.shutdown()
 
 
@@ -76,7 +76,7 @@ def test_bf16_and_compiled_workers_match_the_fp32_worker(model_dir):
     fp32 = worker_result(model_dir, "float32", False, 29641)
     bf16 = worker_result(model_dir, "bfloat16", False, 29642)
     compiled = worker_result(model_dir, "bfloat16", True, 29643)
-    assert fp32["param_dtype"] == bf16["param_dtype"] == "torch.float32"  # master weights stay fp32 at rest
+    assert fp32["param_dtype"] == bf16["param_dtype"] == "torch.float32"  # the optimizer's master weights stay fp32
     assert fp32["moved"].abs().max() > 1e-3  # the step changed the policy
     for other in (bf16, compiled):
         assert (other["logp"] - fp32["logp"]).abs().mean() < 0.02  # bf16 rounding of ~7-nat log-probs
