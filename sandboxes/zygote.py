@@ -33,6 +33,7 @@ import select
 import signal
 import sys
 import time
+import types
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bpf_filter  # noqa: E402
@@ -87,7 +88,11 @@ class Spare:
             for src, dst in ((memfd, 0), (self.out_w, 1), (self.err_w, 2)):
                 os.dup2(src, dst)
             os.close(memfd)
-            namespace = _child_stdio()
+            # The streams on fds 0-2 and a `__main__`, as `python -c` has them: made in the zygote.
+            sys.argv = [""]
+            sys.stdin, sys.stdout, sys.stderr, main = zygote.stdio
+            sys.modules["__main__"] = main
+            namespace = vars(main)
             if self.autonomous:
                 if not select.select([zygote.rx], [], [], REHEARSE_AFTER_S)[0]:  # the worker is idle
                     _rehearse()
@@ -147,6 +152,7 @@ class Zygote:
         self.scope_fd: int | None = None
         self.repl: Repl | None = None
         self.spare: Spare | None = None
+        self.stdio = _spare_stdio()
         # Every child's environment, set once here: spares inherit it (setting it per child costs
         # ~40 copy-on-write faults on the caller's clock).
         os.environ.clear()
@@ -485,10 +491,10 @@ class Repl:
 def _repl_loop(rx: int, tx: int) -> None:
     import ast
 
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115
-    namespace = _fresh_main()
+    sys.stdin, sys.stdout, sys.stderr = _std_streams()
+    main = _new_main()
+    sys.modules["__main__"] = main
+    namespace = vars(main)
     while True:
         try:
             cell = frames.read_fd(rx)
@@ -548,14 +554,34 @@ def _rehearse() -> None:
             sys.stdout, sys.stderr = streams
 
 
-def _child_stdio() -> dict:
-    """sys.argv and the standard streams on fds 0-2 as `python -c` has them; returns a fresh
-    `__main__` namespace for the snippet."""
-    sys.argv = [""]
-    sys.stdin = open(0, closefd=False)  # noqa: SIM115
-    sys.stdout = open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False)  # noqa: SIM115
-    sys.stderr = open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1)  # noqa: SIM115
-    return _fresh_main()
+def _std_streams() -> tuple:
+    """sys.stdin/stdout/stderr on fds 0-2 as `python -c` has them."""
+    return (
+        open(0, closefd=False),  # noqa: SIM115
+        open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False),  # noqa: SIM115
+        open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1),  # noqa: SIM115
+    )
+
+
+def _spare_stdio() -> tuple:
+    """The std streams and `__main__` of every spare, made once in the zygote (building them after each
+    fork cost ~95 copy-on-write faults per execution). The wrappers cache what their file is like
+    (seekable, a tty?) when made, so meanwhile fds 0-2 point at files like a spare's: a memfd for
+    stdin, a pipe for stdout/stderr. The zygote never writes to them nor runs code in `__main__`, so
+    every spare starts from the same pristine, empty copies."""
+    saved = [os.dup(fd) for fd in (0, 1, 2)]
+    memfd = os.memfd_create("stdin", 0)
+    pipe_r, pipe_w = os.pipe()
+    try:
+        for src, dst in ((memfd, 0), (pipe_w, 1), (pipe_w, 2)):
+            os.dup2(src, dst)
+        streams = _std_streams()
+    finally:
+        for fd, old in enumerate(saved):
+            os.dup2(old, fd)
+        for fd in (*saved, memfd, pipe_r, pipe_w):
+            os.close(fd)
+    return (*streams, _new_main())
 
 
 def _child_python(code: str, namespace: dict, finish: bool = True) -> tuple[int, bool]:
@@ -604,14 +630,11 @@ def _die_with(parent: int) -> None:
         os._exit(0)
 
 
-def _fresh_main() -> dict:
+def _new_main() -> types.ModuleType:
     """A new `__main__` module for the snippet (so pickling its functions, e.g. for multiprocessing, works)."""
-    import types
-
     main = types.ModuleType("__main__")
     main.__builtins__ = __builtins__
-    sys.modules["__main__"] = main
-    return main.__dict__
+    return main
 
 
 def _print_exception() -> None:

@@ -9,7 +9,7 @@ forward only) then ``train_step`` (PPO loss, token-mean, one optimizer step) ove
 (``plan_micro_batches``: ``--micro-rows`` rows, ``--max-tokens`` tokens). MFU = model FLOPs (6 x matmul parameters x
 tokens + causal attention; forward only: 2x) / time / 790 TFLOP/s, as in ``grpo_step_bench.py``. Each variant runs
 in its own process (``PolicyWorker`` owns the process group). ``--profile`` runs one more step under
-``torch.profiler`` and prints where the GPU time went: the top kernels and a split by kind of kernel.
+``torch.profiler`` and prints where the GPU time went (operators and kernels, then by input shape).
 """
 
 from __future__ import annotations
@@ -106,34 +106,20 @@ def main() -> None:
               f"({result['training_mfu']:.1%} MFU, {result['training_tok_per_s'] / 1e3:.0f}K tok/s), "
               f"peak {result['peak_mem_gib']:.0f} GiB", flush=True)
     if args.profile:
-        profile(step_once, variant)
+        profile(step_once)
     worker.shutdown()
 
 
-KINDS = (("gemm", ("gemm", "cutlass", "sm90", "nvjet", "matmul")), ("attention", ("flash", "fmha", "attention")),
-         ("nccl", ("nccl",)), ("copy", ("memcpy", "memset", "copy")))
-
-
-def profile(step_once, variant: str) -> None:
-    """One step under torch.profiler: the 25 kernels with the most GPU time, and the time by kind of kernel."""
+def profile(step_once) -> None:
+    """One step under torch.profiler: the operators and kernels with the most GPU time, then by input shape."""
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         step_once()
-    events = [e for e in prof.key_averages() if e.self_device_time_total > 0 and e.device_type.name == "CUDA"]
-    total = sum(e.self_device_time_total for e in events) or 1
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=90))
     print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_device_time_total", row_limit=25,
                                                              max_name_column_width=40, max_shapes_column_width=120))
-    split: dict[str, float] = {}
-    for e in events:
-        name = e.key.lower()
-        kind = next((k for k, words in KINDS if any(w in name for w in words)), "elementwise/other")
-        split[kind] = split.get(kind, 0.0) + e.self_device_time_total
-    record(f"train_profile_{variant}", {k: v / 1e6 for k, v in split.items()} | {"total_s": total / 1e6})
-    print(f"{variant} GPU time by kind: " + ", ".join(f"{k} {v / 1e6:.3f}s ({v / total:.0%})"
-                                                      for k, v in sorted(split.items(), key=lambda kv: -kv[1])))
 
 
 if __name__ == "__main__":
