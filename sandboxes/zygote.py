@@ -88,11 +88,7 @@ class Spare:
             for src, dst in ((memfd, 0), (self.out_w, 1), (self.err_w, 2)):
                 os.dup2(src, dst)
             os.close(memfd)
-            # The streams on fds 0-2 and a `__main__`, as `python -c` has them: made in the zygote.
-            sys.argv = [""]
-            sys.stdin, sys.stdout, sys.stderr, main = zygote.stdio
-            sys.modules["__main__"] = main
-            namespace = vars(main)
+            namespace = _take_stdio(zygote.stdio)
             if self.autonomous:
                 if not select.select([zygote.rx], [], [], REHEARSE_AFTER_S)[0]:  # the worker is idle
                     _rehearse()
@@ -152,7 +148,6 @@ class Zygote:
         self.scope_fd: int | None = None
         self.repl: Repl | None = None
         self.spare: Spare | None = None
-        self.stdio = _spare_stdio()
         # Every child's environment, set once here: spares inherit it (setting it per child costs
         # ~40 copy-on-write faults on the caller's clock).
         os.environ.clear()
@@ -164,6 +159,7 @@ class Zygote:
         for fd in (0, 1):
             os.dup2(null, fd)
         os.close(null)
+        self.stdio = _spare_stdio()
 
     # ---- start-up -------------------------------------------------------------------------
     def harden(self) -> dict:
@@ -433,7 +429,7 @@ class Repl:
                 os.closerange(7, 1 << 16)
                 _apply_limits(limits, cpu_limit=False)  # per cell instead, see _repl_loop
                 os.chdir(WORK)
-                _repl_loop(5, 6)
+                _repl_loop(5, 6, zygote.stdio)
             except BaseException:
                 _print_exception()
             finally:
@@ -488,13 +484,10 @@ class Repl:
         return reply
 
 
-def _repl_loop(rx: int, tx: int) -> None:
+def _repl_loop(rx: int, tx: int, stdio: tuple) -> None:
     import ast
 
-    sys.stdin, sys.stdout, sys.stderr = _std_streams()
-    main = _new_main()
-    sys.modules["__main__"] = main
-    namespace = vars(main)
+    namespace = _take_stdio(stdio)
     while True:
         try:
             cell = frames.read_fd(rx)
@@ -554,34 +547,41 @@ def _rehearse() -> None:
             sys.stdout, sys.stderr = streams
 
 
-def _std_streams() -> tuple:
-    """sys.stdin/stdout/stderr on fds 0-2 as `python -c` has them."""
-    return (
-        open(0, closefd=False),  # noqa: SIM115
-        open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False),  # noqa: SIM115
-        open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1),  # noqa: SIM115
-    )
-
-
 def _spare_stdio() -> tuple:
-    """The std streams and `__main__` of every spare, made once in the zygote (building them after each
-    fork cost ~95 copy-on-write faults per execution). The wrappers cache what their file is like
-    (seekable, a tty?) when made, so meanwhile fds 0-2 point at files like a spare's: a memfd for
+    """sys.stdin/stdout/stderr on fds 0-2 as `python -c` has them and a `__main__` module (so pickling
+    a snippet's functions works), made once in the zygote for all its children (building them after
+    each fork cost ~45 copy-on-write faults per execution). The wrappers cache what their file is like
+    (seekable, a tty?) when made, so meanwhile fds 0-2 point at files like a child's: a memfd for
     stdin, a pipe for stdout/stderr. The zygote never writes to them nor runs code in `__main__`, so
-    every spare starts from the same pristine, empty copies."""
+    every child starts from the same pristine, empty copies."""
     saved = [os.dup(fd) for fd in (0, 1, 2)]
     memfd = os.memfd_create("stdin", 0)
     pipe_r, pipe_w = os.pipe()
     try:
         for src, dst in ((memfd, 0), (pipe_w, 1), (pipe_w, 2)):
             os.dup2(src, dst)
-        streams = _std_streams()
+        streams = (
+            open(0, closefd=False),  # noqa: SIM115
+            open(1, "w", encoding="utf-8", errors="surrogateescape", closefd=False),  # noqa: SIM115
+            open(2, "w", encoding="utf-8", errors="backslashreplace", closefd=False, buffering=1),  # noqa: SIM115
+        )
     finally:
         for fd, old in enumerate(saved):
             os.dup2(old, fd)
         for fd in (*saved, memfd, pipe_r, pipe_w):
             os.close(fd)
-    return (*streams, _new_main())
+    main = types.ModuleType("__main__")
+    main.__builtins__ = __builtins__
+    return (*streams, main)
+
+
+def _take_stdio(stdio: tuple) -> dict:
+    """In a child: become `python -c` with the zygote's ready-made streams and `__main__` (see
+    `_spare_stdio`); returns the namespace to run code in."""
+    sys.argv = [""]
+    sys.stdin, sys.stdout, sys.stderr, main = stdio
+    sys.modules["__main__"] = main
+    return vars(main)
 
 
 def _child_python(code: str, namespace: dict, finish: bool = True) -> tuple[int, bool]:
@@ -628,13 +628,6 @@ def _die_with(parent: int) -> None:
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(0)
-
-
-def _new_main() -> types.ModuleType:
-    """A new `__main__` module for the snippet (so pickling its functions, e.g. for multiprocessing, works)."""
-    main = types.ModuleType("__main__")
-    main.__builtins__ = __builtins__
-    return main
 
 
 def _print_exception() -> None:
