@@ -62,8 +62,8 @@ COMMON_FLAGS: list[_Flag] = [
     ("--actor.gradient_checkpoint", bool, False, "recompute decoder layers in backward"),
     ("--actor.param_dtype", str, "bfloat16", "GPU compute dtype: FSDP2 mixed precision over fp32 master weights "
                                              "(bfloat16 | float32); CPU always computes in float32"),
-    ("--actor.compile", bool, False, "torch.compile each decoder layer and the log-prob chunk (GPU: 45% training "
-                                     "MFU at 0.6B on an H200, 2.2x eager; the first step pays ~30 s compiling)"),
+    ("--actor.compile", bool, False, "torch.compile each decoder layer and the log-prob chunk (GPU: 48% training "
+                                     "MFU at 0.6B on an H200, 2.3x eager; the first step pays ~1 min compiling)"),
     ("--actor.num_threads", int, 0, "torch CPU threads per trainer process (0 = the host's cores / concurrent processes)"),
     ("--data.prompt_dataset", str, None, "JSONL file of prompts, overriding the env's train split"),
     ("--data.input_key", str, "input", "prompt field of --data.prompt_dataset rows"),

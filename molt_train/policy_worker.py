@@ -1,9 +1,8 @@
 """``PolicyWorker``: one FSDP2 rank of the policy (or of the frozen reference), run as a Ray actor.
 
 A transformers causal LM is sharded with ``fully_shard`` (each decoder layer, then the root), gloo on CPU and NCCL
-on GPU. Log-probs go through the LM head in chunks of ``logprob_chunk_size`` tokens (``molt_train.logprob``: only
-each position's log-sum-exp is kept, backward redoes a chunk's matmul), so the fp32 full-vocabulary logits of the
-whole batch never exist at once. ``train_step`` runs one optimizer step over the
+on GPU. Log-probs are computed in chunks of ``logprob_chunk_size`` tokens, each recomputed in backward, so the fp32
+full-vocabulary logits of the whole batch never exist at once. ``train_step`` runs one optimizer step over the
 worker's micro-batches; the loss denominators are those of the whole optimizer window (all micro-batches on all
 ranks), and the loss is scaled by the world size because FSDP averages gradients over ranks.
 """
@@ -20,10 +19,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from molt_train.actor_backend import load_policy_model
 from molt_train.algorithms import aggregate, get_policy_loss, is_correction, kl_loss, mismatch_metrics
-from molt_train.logprob import ChunkedLogProb, chunk_kernels
+
+
+def _chunk_logp(hidden: Tensor, targets: Tensor, weight: Tensor, temperature: float) -> Tensor:
+    logits = (hidden @ weight.t()).float() / temperature
+    return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
 
 
 def _lr_lambda(cfg: dict[str, Any]):
@@ -58,7 +62,8 @@ class LogProbModel(nn.Module):
         self.lm = lm
         self.chunk_size = chunk_size
         self.share_prefixes = share_prefixes
-        self._kernels = chunk_kernels(compile_chunks)
+        # compiled, a chunk's upcast, log-sum-exp and gather fuse: its fp32 logits are never written out
+        self._chunk_logp = torch.compile(_chunk_logp, dynamic=True) if compile_chunks else _chunk_logp
         # transformers 5.x names the KV cache argument `cache`; 4.x called it `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
 
@@ -124,11 +129,14 @@ class LogProbModel(nn.Module):
     def _logp(self, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
         """Log-probs of ``targets`` (N, T) from ``hidden`` (N, T, H), in chunks of ``chunk_size`` positions."""
         n, length, width = hidden.shape
-        if n * length == 0:
-            return hidden.new_zeros(n, length, dtype=torch.float32)
-        logp = ChunkedLogProb.apply(hidden.reshape(-1, width), self.lm.lm_head.weight, targets.reshape(-1),
-                                    temperature, self.chunk_size, self._kernels)
-        return logp.reshape(n, length)
+        flat, targets = hidden.reshape(-1, width), targets.reshape(-1)
+        weight = self.lm.lm_head.weight
+        chunks = []
+        for s in range(0, flat.shape[0], self.chunk_size):
+            args = (flat[s:s + self.chunk_size], targets[s:s + self.chunk_size], weight, temperature)
+            chunks.append(checkpoint(self._chunk_logp, *args, use_reentrant=False) if torch.is_grad_enabled()
+                          else self._chunk_logp(*args))
+        return torch.cat(chunks).reshape(n, length) if chunks else hidden.new_zeros(n, length)
 
 
 class PolicyWorker:

@@ -59,23 +59,3 @@ def test_rows_without_a_shared_prefix_take_the_plain_forward(tiny_model, tiny_to
     with torch.no_grad():
         model(ids, mask, 1.0, action)
     assert len(calls) == 1  # nothing to share: one forward, no prefix + suffix pair
-
-
-@pytest.mark.parametrize("compiled", [False, True])
-def test_chunked_logprob_matches_autograd_through_full_logits(compiled):
-    """The hand-written backward gives autograd's gradients of log_softmax over the whole vocabulary (chunks that
-    do not divide the rows, a temperature, a weighted upstream gradient)."""
-    from molt_train.logprob import ChunkedLogProb, chunk_kernels
-
-    g = torch.Generator().manual_seed(0)
-    hidden = torch.randn(20, 16, dtype=torch.float64, generator=g, requires_grad=True)
-    weight = torch.randn(50, 16, dtype=torch.float64, generator=g, requires_grad=True)
-    targets, upstream = torch.randint(0, 50, (20,), generator=g), torch.randn(20, dtype=torch.float64, generator=g)
-    ref = ((hidden @ weight.t()) / 0.7).log_softmax(-1).gather(-1, targets[:, None])[:, 0]
-    ref_grads = torch.autograd.grad((ref * upstream).sum(), (hidden, weight))
-    logp = ChunkedLogProb.apply(hidden, weight, targets, 0.7, 7, chunk_kernels(compiled))
-    grads = torch.autograd.grad((logp * upstream).sum(), (hidden, weight))
-    assert logp.dtype == torch.float32  # the log-probs are computed (and returned) in fp32
-    assert torch.allclose(logp.double(), ref, atol=1e-5)
-    for got, want in zip(grads, ref_grads, strict=True):
-        assert got.dtype == want.dtype and torch.allclose(got, want, atol=1e-5)
