@@ -11,7 +11,7 @@
 #   c [.stage-gpu/b]: ray/trl/automodel wheels, the CLI GPU tests (disaggregated, async, 2-way) |
 #   d: placement bench (disaggregated async vs colocated sync) |
 #   e [.stage-gpu/b]: our GRPO step and TRL's GRPOTrainer step side by side (GPU 1 / GPU 0), NCCL sync at 1.7B
-#   f (after stage1, instead of stage3) [.stage-vllm/p2]: training MFU with the chunked log-prob backward (profiled),
+#   f (after stage1, instead of stage3) [.stage-vllm/p2]: training MFU (one variant profiled),
 #   the worker's GPU test, our GRPO step compiled
 # Logs and RESULT json files go to $OUT. Every phase has its own time limit, so one failure does not stop the rest.
 set -u
@@ -44,13 +44,13 @@ stage3)  # run as: source .stage-vllm/p2/install.sh && bash benchmarks/gpu/run_h
   wait
   ;;
 c|e)
-  if [ ! -d /tmp/site2 ]; then
-  cp .stage-gpu/b/* /tmp/whl/ && cd /tmp/whl && cat ray.whl.part0? > ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl \
-    && sha256sum -c ray.sha256 && rm ray.whl.part0? && cd - >/dev/null || exit 1
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site2 /tmp/whl/{ray,jsonschema,referencing,rpds,trl,datasets,multiprocess,gymnasium,cloudpickle,farama,molt_ecosystem}*.whl
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site_am /tmp/whl/{nemo_automodel,megatron_fsdp,transformers,torchao}*.whl
-  python3 -c "import vllm, ray, env_registry, molt_train.trainer; print('imports ok', vllm.__version__, ray.__version__,
-    env_registry.spec('molt/gsm8k-v1').id)"  # the project's wheel in /tmp/site2 gives the registry its manifests
+  if [ ! -d /tmp/site2 ]; then  # the wheels, once per machine
+    cp .stage-gpu/b/* /tmp/whl/ && cd /tmp/whl && cat ray.whl.part0? > ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl \
+      && sha256sum -c ray.sha256 && rm ray.whl.part0? && cd - >/dev/null || exit 1
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site2 /tmp/whl/{ray,jsonschema,referencing,rpds,trl,datasets,multiprocess,gymnasium,cloudpickle,farama,molt_ecosystem}*.whl
+    python3 -m pip install -q --no-index --no-deps --target /tmp/site_am /tmp/whl/{nemo_automodel,megatron_fsdp,transformers,torchao}*.whl
+    python3 -c "import vllm, ray, env_registry, molt_train.trainer; print('imports ok', vllm.__version__, ray.__version__,
+      env_registry.spec('molt/gsm8k-v1').id)"  # the project's wheel in /tmp/site2 gives the registry its manifests
   fi
   ;;&
 c)
@@ -62,7 +62,7 @@ d)
   ;;
 f)  # run as: source .stage-vllm/p2/install.sh && bash benchmarks/gpu/run_h200.sh f
   cp .stage-vllm/p2/install.sh /tmp/stg/install.sh
-  (  # GPU 0: training MFU with the chunked log-prob backward (one variant profiled), then the worker's GPU test
+  (  # GPU 0: training MFU (one variant profiled), then the worker's GPU test
     for v in "--compile --profile" "" "--compile --micro-rows 64 --max-tokens 65536"; do
       phase "mfu_${v// /_}" 240 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu/train_mfu_bench.py --model $M06 $v
     done
