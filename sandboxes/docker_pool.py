@@ -105,7 +105,14 @@ def ensure_image(client) -> str:
                 info.type, info.linkname = tarfile.SYMTYPE, target
                 tar.addfile(info)
             for path in sorted(files):
-                tar.add(path, arcname=path.lstrip("/"), recursive=False)
+                info = tar.gettarinfo(path, path.lstrip("/"))
+                if info.islnk():  # a second name of a file already in (e.g. perf's ~/.debug cache links libc)
+                    info.type, info.linkname, info.size = tarfile.REGTYPE, "", os.stat(path).st_size
+                if info.isreg():  # a copy: docker cannot link through the image's lib -> usr/lib symlink
+                    with open(path, "rb") as handle_in:
+                        tar.addfile(info, handle_in)
+                else:
+                    tar.addfile(info)
             for binary in binaries:
                 if os.path.islink(binary) or binary != os.path.realpath(binary):
                     info = tarfile.TarInfo(binary.lstrip("/"))

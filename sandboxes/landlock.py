@@ -64,7 +64,8 @@ def _allow(ruleset_fd: int, path: str, access: int) -> None:
 
 def restrict_self(ruleset_fd: int) -> None:
     """Enter the ruleset's domain (needs no_new_privs); nested calls stack domains."""
-    if _libc.syscall(_NR_RESTRICT_SELF, ctypes.c_int(ruleset_fd), ctypes.c_uint32(0)) != 0:
+    # Plain ints (int-sized varargs, as c_int/c_uint32 would be): no ctypes objects to build in every spare.
+    if _libc.syscall(_NR_RESTRICT_SELF, ruleset_fd, 0) != 0:
         raise OSError(ctypes.get_errno(), "landlock_restrict_self failed")
 
 

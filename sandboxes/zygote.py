@@ -44,6 +44,7 @@ WORK = "/tmp/work"
 SCRATCH = ("/tmp", "/dev/shm")
 _libc = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG, PR_SET_DUMPABLE, PR_SET_CHILD_SUBREAPER = 1, 4, 36
+SIGKILL = int(signal.SIGKILL)  # a plain int: using the enum member writes to its pages in every child
 # A spare rehearses (see `_rehearse`) only when no request came for this long: under steady traffic
 # the next request is due any moment and the rehearsal would only compete with it for the cores.
 REHEARSE_AFTER_S = 0.002
@@ -52,31 +53,36 @@ REHEARSE_AFTER_S = 0.002
 class Spare:
     """A pre-forked child waiting for its request. `autonomous`: it rehearses an execution (see
     `_rehearse`) once no request came for REHEARSE_AFTER_S, then reads the request itself and tells
-    the zygote ("O" line on its meta pipe, followed by "L", in one write once the payload is in),
-    saving a hand-off; otherwise the zygote reads the header and passes it on the go pipe
-    (persistent sessions, whose zygote also serves REPL and file requests)."""
+    the zygote ("O" line with the limits it enforces on its meta pipe, followed by "L", in one write
+    once the payload is in), saving a hand-off; otherwise the zygote reads the header and passes it
+    on the go pipe (persistent sessions, whose zygote also serves REPL and file requests)."""
 
     def __init__(self, zygote: Zygote, autonomous: bool = False) -> None:
         self.autonomous = autonomous
-        self.go_r, self.go_w = os.pipe()
         self.out_r, self.out_w = os.pipe()
         self.err_r, self.err_w = os.pipe()
         self.meta_r, self.meta_w = os.pipe()
+        ours, theirs = [self.out_r, self.err_r, self.meta_r], [self.out_w, self.err_w, self.meta_w]
+        if not autonomous:  # the go pipe: only a spare that does not read its own request needs one
+            self.go_r, self.go_w = os.pipe()
+            ours.append(self.go_w)
+            theirs.append(self.go_r)
         self.pid = os.fork()
         if self.pid == 0:
-            self._main(zygote)
-        for fd in (self.go_r, self.out_w, self.err_w, self.meta_w):
+            self._main(zygote, ours)
+        for fd in theirs:
             os.close(fd)
         self.pidfd = os.pidfd_open(self.pid)
+        self.fds = (*ours, self.pidfd)
 
     def close(self) -> None:
-        for fd in (self.go_w, self.out_r, self.err_r, self.meta_r, self.pidfd):
+        for fd in self.fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
-    def _main(self, zygote: Zygote) -> None:
+    def _main(self, zygote: Zygote, parent_ends: list[int]) -> None:
         try:
-            for fd in (self.go_w, self.out_r, self.err_r, self.meta_r):  # the zygote's ends
+            for fd in parent_ends:
                 os.close(fd)
             _die_with(zygote.pid)
             os.setsid()
@@ -93,7 +99,7 @@ class Spare:
                 if not select.select([zygote.rx], [], [], REHEARSE_AFTER_S)[0]:  # the worker is idle
                     _rehearse()
                 try:
-                    header = frames.read_body_fd(zygote.rx)  # forwarded as is: compact JSON has no newline
+                    header = frames.read_body_fd(zygote.rx)  # compact JSON has no newline (see "H" below)
                     order = frames.decode_body(header)
                 except frames.FrameError:
                     os.write(self.meta_w, b"E\n")  # the host closed the channel
@@ -107,16 +113,16 @@ class Spare:
                 except frames.FrameError:
                     os._exit(0)
             payload = frames.read_fd(zygote.rx)
-            if not os.path.isdir(WORK):  # the zygote keeps an empty one between runs
-                os.makedirs(WORK, exist_ok=True)
             _write_files(payload.get("files", {}))
-            stdin = base64.b64decode(payload.get("stdin", ""))
+            stdin = payload.get("stdin")
             if stdin:
-                os.write(0, stdin)
+                os.write(0, base64.b64decode(stdin))
                 os.lseek(0, 0, os.SEEK_SET)
             loaded = b"L"  # the payload is consumed: the channel is in step for the next request
-            if self.autonomous:  # one write, one wake-up of the zygote
-                loaded = b"O" + header + b"\nL"
+            if self.autonomous:  # one write, one wake-up of the zygote, which needs no JSON to read it
+                limits = order["limits"]
+                numbers = (float(limits["wall_s"]), limits["max_output_bytes"], float(limits["cpu_s"]))
+                loaded = b"O%r %d %r\nL" % numbers
             os.write(self.meta_w, loaded)
             os.dup2(self.meta_w, 3)
             os.closerange(4, 1 << 16)
@@ -211,6 +217,7 @@ class Zygote:
     def serve(self) -> None:
         frames.write_fd(self.tx, {"ready": True, **self.harden()})
         autonomous = not self.config.get("persistent")
+        _make_work()
         if autonomous:
             self.spare = Spare(self, autonomous=True)
         while True:
@@ -235,6 +242,7 @@ class Zygote:
     def dispatch(self, request: dict) -> None:
         op = request.get("op")
         if op in ("python", "exec"):
+            _make_work()  # a persistent session's code may have removed it
             self.run(request, _Capture(Spare(self)), b"")
             return
         if op == "repl":
@@ -380,14 +388,14 @@ class Zygote:
     def wipe(self) -> None:
         for top in SCRATCH:
             try:
-                names = os.listdir(top)
+                entries = list(os.scandir(top))  # no os.path calls per entry: fewer pages written each run
             except OSError:
                 continue
-            for name in names:
-                path = os.path.join(top, name)
-                if path == WORK and not os.path.islink(path) and os.path.isdir(path) and not os.listdir(path):
+            for entry in entries:
+                if entry.path == WORK and entry.is_dir(follow_symlinks=False) and not os.listdir(WORK):
                     continue  # an empty work dir: keep it
-                _remove(path)
+                _remove(entry.path)
+        _make_work()
 
     # ---- persistent REPL ----------------------------------------------------------------------
     def run_repl(self, request: dict) -> tuple[dict, bytes, bytes]:
@@ -610,8 +618,10 @@ def _child_python(code: str, namespace: dict, finish: bool = True) -> tuple[int,
         except BaseException:
             pass
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(BaseException):
+        try:  # noqa: SIM105  (contextlib.suppress here would touch, and copy, contextlib's pages in every child)
             stream.flush()
+        except BaseException:
+            pass
     return exit_code & 0xFF, memory_error
 
 
@@ -623,9 +633,15 @@ def _write_files(files: dict) -> None:
             handle.write(base64.b64decode(data))
 
 
+def _make_work() -> None:
+    """An empty work dir for the next spare (the cwd it runs code in), unless one is there."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(WORK)
+
+
 def _die_with(parent: int) -> None:
     """SIGKILL us when the zygote dies, so no child outlives its worker (even without a PID namespace)."""
-    _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    _libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
     if os.getppid() != parent:
         os._exit(0)
 
@@ -857,8 +873,13 @@ def _first_line(spare: Spare) -> tuple[bytes, dict | None, bytes]:
             return b"", None, b""  # died without a word
         buffer += chunk
     line, _, rest = buffer.partition(b"\n")
-    message = json.loads(line[1:]) if len(line) > 1 else None
-    return line[:1], message, rest
+    kind, message = line[:1], None
+    if kind == b"O":  # b"O<wall_s> <max_output_bytes> <cpu_s>"
+        wall_s, cap, cpu_s = line[1:].split()
+        message = {"limits": {"wall_s": float(wall_s), "max_output_bytes": int(cap), "cpu_s": float(cpu_s)}}
+    elif kind == b"H":
+        message = frames.decode_body(line[1:])
+    return kind, message, rest
 
 
 def _jail_pids() -> list[int]:

@@ -111,6 +111,9 @@ async def test_persistent_repl_session():
         assert r.status == "timeout" and "state was lost" in r.stderr
         r = await sb.run_python("x")
         assert r.status == "error" and "NameError" in r.stderr
+        assert (await sb.run_python("import os, shutil; shutil.rmtree(os.getcwd())")).ok
+        r = await sb.exec(["sh", "-c", "pwd; ls -A"])  # a new, empty work dir
+        assert (r.status, r.stdout) == ("ok", "/tmp/work\n"), r
     async with sandboxes.open("local", persistent=True) as other:  # sessions never share state
         r = await other.run_python("print(globals().get('x'))")
         assert r.stdout == "None\n"
