@@ -1,6 +1,7 @@
 """One colocated GRPO step on one GPU: vLLM generates, the trainer's policy recomputes log-probs and trains, weights sync.
 
     python3 benchmarks/gpu/grpo_step_bench.py --model DIR [--steps 3] [--param-dtype bfloat16] [--compile]
+        [--overlap]
 
 vLLM (``VLLMEngine``, gpu_memory_utilization 0.35) and the trainer's own ``PolicyWorker`` (one FSDP2 rank on NCCL,
 fp32 master weights, ``--param-dtype`` compute, SDPA, AdamW) stay resident on the same GPU: no sleep/wake. Ray is
@@ -12,7 +13,11 @@ left out; everything else is the trainer's code path. Per step:
                micro-batches of ``--micro-rows``)
   weight sync  ``PolicyWorker.share_weights`` (bf16 buckets) + ``engine.load_shared_buckets`` (CUDA IPC into vLLM's
                ``load_weights``), as the trainer's colocated sync
-then, outside the timed step: ``engine.check_weight_update_equal`` over every vLLM parameter and the mismatch
+``--overlap`` runs the trainer's default schedule (``--train.async_queue_size 1``, no partial rollout): step k's
+generation of batch k+1 starts when step k takes batch k and runs beside its log-prob and training phases; the
+sync then waits for it (``wait``). Step time = from taking batch k to the end of its sync. The batch trains one
+update stale (what IS correction is for), so the mismatch metrics of ``--overlap`` runs include that update.
+Then, outside the timed step: ``engine.check_weight_update_equal`` over every vLLM parameter and the mismatch
 metrics (``algorithms.mismatch_metrics``) between vLLM's log-probs and the recompute.
 Training MFU = model FLOPs (6 x matmul params x tokens + causal attention) / training time / 790 TFLOP/s.
 Rewards are synthetic (fraction of even token ids, a deterministic function of the response): the model is random.
@@ -125,13 +130,25 @@ async def main_async(args: argparse.Namespace) -> None:
 
     prompts = random_prompts(args.prompts, args.prompt_len, cfg.vocab_size, seed=1)
     estimator = get_estimator("grpo")
-    for step in range(args.steps):
-        synchronize()
-        s0 = time.perf_counter()
-        rows = [(i, j) for i in range(args.prompts) for j in range(args.samples)]
+    rows = [(i, j) for i in range(args.prompts) for j in range(args.samples)]
+
+    async def generate(step: int) -> tuple[list, float]:
+        """One step's 256 generations and their wall time."""
+        start = time.perf_counter()
         params = [SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=step * 100000 + i * 100 + j)
                   for i, j in rows]
         gens = await asyncio.gather(*[engine.generate(prompts[i], sp) for (i, _), sp in zip(rows, params, strict=True)])
+        return gens, time.perf_counter() - start
+
+    pending = asyncio.create_task(generate(0))
+    for step in range(args.steps):
+        synchronize()
+        s0 = time.perf_counter()
+        if not args.overlap and step > 0:
+            pending = asyncio.create_task(generate(step))
+        gens, generation_s = await pending  # --overlap: generated during the step before (on its weights)
+        if args.overlap:  # rollout k+1 overlaps training k (the trainer's Q=1; after the last step: discarded)
+            pending = asyncio.create_task(generate(step + 1))
         s1 = time.perf_counter()
 
         trajs = []
@@ -147,15 +164,19 @@ async def main_async(args: argparse.Namespace) -> None:
         exp.advantages, _ = estimator(AdvantageInputs(rewards=exp.rewards, action_mask=exp.action_mask,
                                                       group_ids=exp.group_ids, rollout_ids=exp.rollout_ids))
         micros = [micro_batch(exp, r, 0) for r in plan_micro_batches(lengths, 1, args.micro_rows, 1 << 20)[0]]
-        old = worker.logprobs(micros, 1.0)
-        synchronize()
+        # in a thread, so that the event loop keeps feeding the engine meanwhile (--overlap)
+        old = await asyncio.to_thread(worker.logprobs, micros, 1.0)
+        await asyncio.to_thread(synchronize)
         s2 = time.perf_counter()
 
         for mb, logp in zip(micros, old, strict=True):
             mb["extra"] = {"logp_old": logp}
-        out = worker.train_step(micros, {"num_tokens": int(exp.action_mask.sum())}, LOSS)
-        synchronize()
+        out = await asyncio.to_thread(worker.train_step, micros, {"num_tokens": int(exp.action_mask.sum())}, LOSS)
+        await asyncio.to_thread(synchronize)
         s3 = time.perf_counter()
+        if args.overlap:
+            await pending  # the trainer's sync waits for the batch in flight (no partial rollout)
+        s3b = time.perf_counter()
 
         await sync(check=False)
         s4 = time.perf_counter()
@@ -166,14 +187,17 @@ async def main_async(args: argparse.Namespace) -> None:
             torch.cat([lp[mb["action_mask"]] for lp, mb in zip(old, micros, strict=True)]),
             torch.cat([mb["rollout_logp"][mb["action_mask"]] for mb in micros]),
             torch.ones(int(exp.action_mask.sum()), dtype=torch.bool)).items()}
+        if args.overlap:
+            generation_s = pending.result()[1]  # the batch generated during this step
         gen_tokens = sum(len(g.token_ids) for g in gens)
         train_flops = model_flops(cfg, lengths, matmul_params, passes=3)
         result = {
             "step": step, "sequences": len(rows), "generated_tokens": gen_tokens, "total_tokens": sum(lengths),
-            "step_s": s4 - s0, "generation_s": s1 - s0, "logprob_s": s2 - s1, "training_s": s3 - s2,
-            "weight_sync_s": s4 - s3, "sync_wait_s": last["wait_s"], "sync_copy_s": last["copy_s"],
+            "overlap": args.overlap,
+            "step_s": s4 - s0, "generation_s": generation_s, "logprob_s": s2 - s1, "training_s": s3 - s2,
+            "wait_generation_s": s3b - s3, "weight_sync_s": s4 - s3b, "sync_wait_s": last["wait_s"], "sync_copy_s": last["copy_s"],
             "sync_bytes": last["bytes"], "sync_buckets": last["buckets"],
-            "generation_tok_per_s": gen_tokens / (s1 - s0),
+            "generation_tok_per_s": gen_tokens / generation_s,
             "training_tflops": train_flops / (s3 - s2) / 1e12, "training_mfu": train_flops / (s3 - s2) / PEAK_FLOPS,
             "logprob_mfu": model_flops(cfg, lengths, matmul_params, passes=1) / (s2 - s1) / PEAK_FLOPS,
             "stale_after_sync": stale, "grad_norm": out["grad_norm"], "loss": out["loss"],
@@ -181,7 +205,8 @@ async def main_async(args: argparse.Namespace) -> None:
         }
         record(f"grpo_step{step}_{args.tag}", result)
         print(f"step {step}: {result['step_s']:.2f}s = gen {result['generation_s']:.2f} + logprob "
-              f"{result['logprob_s']:.2f} + train {result['training_s']:.2f} + sync {result['weight_sync_s']:.3f} "
+              f"{result['logprob_s']:.2f} + train {result['training_s']:.2f} + wait {s3b - s3:.2f} + sync "
+              f"{result['weight_sync_s']:.3f} "
               f"(wait {last['wait_s']:.4f}, copy {last['copy_s']:.4f}); MFU {result['training_mfu']:.1%}; "
               f"stale {len(stale)}; bitwise_frac {mismatch['mismatch/bitwise_frac']:.3f} "
               f"abs_diff {mismatch['mismatch/abs_diff_mean']:.4f} k3 {mismatch['mismatch/k3_kl']:.2e}", flush=True)
@@ -202,6 +227,8 @@ def main() -> None:
     add_workload_args(parser)
     parser.add_argument("--sync-reps", type=int, default=5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    parser.add_argument("--overlap", action="store_true",
+                        help="generate step k+1 while step k trains, the trainer's default --train.async_queue_size 1")
     asyncio.run(main_async(parser.parse_args()))
 
 

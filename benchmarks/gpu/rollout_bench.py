@@ -5,6 +5,9 @@
 Every request goes through the ``Engine`` protocol (``await engine.generate(ids, SamplingParams)``), all N issued
 at once with asyncio; temperature 1, no stop tokens (every response is exactly T tokens), a seed per request (vLLM).
 Output tok/s = N x T / wall time of the batch (prefill included). Two repetitions after a warm-up; best reported.
+``--engines K`` (vLLM): K engines share the GPU, each with 1/K of the memory, requests dealt in turn.
+``--profile DIR`` (vLLM): then one more batch of the first N with vLLM's torch profiler on 32 decode steps (after
+8 steps); the engine writes its per-kernel CUDA time table under DIR, and the step's wall time is printed beside it.
 """
 
 from __future__ import annotations
@@ -48,9 +51,18 @@ async def bench(engine, name: str, args: argparse.Namespace, vocab: int) -> None
             runs.append((wall, tokens))
             print(f"{name} N={n} T={new_tokens}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.0f} tok/s", flush=True)
         best = min(runs)
-        record(f"rollout_{args.engine}_{n}", {"engine": args.engine, "concurrency": n, "new_tokens": new_tokens,
-                                               "prompt_len": args.prompt_len, "wall_s": [r[0] for r in runs],
-                                               "tok_per_s": best[1] / best[0], "model": args.model})
+        record(f"rollout_{args.engine}_{n}" + (f"_x{args.engines}" if args.engines > 1 else ""),
+               {"engine": args.engine, "engines": args.engines, "concurrency": n, "new_tokens": new_tokens,
+                "prompt_len": args.prompt_len, "wall_s": [r[0] for r in runs], "tok_per_s": best[1] / best[0],
+                "model": args.model})
+    if args.profile:
+        n, steps = args.concurrency[0], 32
+        prompts = random_prompts(n, args.prompt_len, vocab, seed=n)
+        await engine.llm.start_profile()
+        wall, tokens = await run_batch(engine, prompts, 8 + steps + 8, seeded)
+        await engine.llm.stop_profile()
+        print(f"profiled: N={n}, {8 + steps + 8} new tokens in {wall:.2f}s ({wall / (16 + steps) * 1e3:.1f} ms per "
+              f"step, prefill included); CUDA time per kernel: {args.profile}", flush=True)
 
 
 def main() -> None:
@@ -64,6 +76,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--eager", action="store_true")
+    parser.add_argument("--engines", type=int, default=1, help="vLLM engines sharing the GPU (requests alternate)")
+    parser.add_argument("--profile", default="", help="directory for vLLM's profiler output (vLLM only)")
     args = parser.parse_args()
 
     import torch
@@ -80,14 +94,36 @@ def main() -> None:
     from molt_train.engines.vllm import VLLMEngine, VLLMOptions
 
     start = time.perf_counter()
-    options = VLLMOptions(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.eager,
-                          max_model_len=1024, max_num_seqs=1024, max_num_batched_tokens=16384)
+    class Options(VLLMOptions):
+        def engine_kwargs(self, model: str) -> dict:
+            if not args.profile:
+                return super().engine_kwargs(model)
+            return {**super().engine_kwargs(model), "profiler_config": {
+                "profiler": "torch", "torch_profiler_dir": str(Path(args.profile).resolve()), "ignore_frontend": True,
+                "torch_profiler_with_stack": False, "delay_iterations": 8, "max_iterations": 32}}
+
+    options = Options(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.eager,
+                      max_model_len=1024, max_num_seqs=1024, max_num_batched_tokens=16384)
+
+    class Spread:
+        """``--engines K``: K engines on the one GPU (each its own engine-core process), requests dealt in turn."""
+
+        def __init__(self, engines: list) -> None:
+            self.engines, self.turn = engines, 0
+            self.llm = engines[0].llm
+
+        async def generate(self, *a, **kw):
+            self.turn += 1
+            return await self.engines[self.turn % len(self.engines)].generate(*a, **kw)
 
     async def go() -> None:
-        engine = VLLMEngine(args.model, options)
-        print(f"vllm engine up in {time.perf_counter() - start:.1f}s (eager={args.eager})", flush=True)
-        await bench(engine, "vllm", args, vocab)
-        engine.shutdown()
+        if args.engines > 1:
+            options.gpu_memory_utilization /= args.engines
+        engines = [VLLMEngine(args.model, options) for _ in range(args.engines)]
+        print(f"vllm engine(s) up in {time.perf_counter() - start:.1f}s (eager={args.eager}, {args.engines})", flush=True)
+        await bench(engines[0] if args.engines == 1 else Spread(engines), f"vllm x{args.engines}", args, vocab)
+        for engine in engines:
+            engine.shutdown()
 
     asyncio.run(go())
 

@@ -13,6 +13,10 @@
 #   e [.stage-gpu/b]: our GRPO step and TRL's GRPOTrainer step side by side (GPU 1 / GPU 0), NCCL sync at 1.7B
 #   f (after stage1, instead of stage3) [.stage-vllm/p2]: training MFU (one variant profiled),
 #   the worker's GPU test, our GRPO step compiled
+#   g (after stage1, instead of stage3) [.stage-vllm/p2]: our compiled GRPO step (GPU 0), vLLM rollout 256 x 512
+#   (GPU 1). Then stage2, e with GRPO_FLAGS="--compile --overlap" GRPO_FLAGS2=--compile SKIP_NCCL=1 (ours overlapped,
+#   then in series, beside TRL; PROFILE_ROLLOUT=1: then vLLM's profile of 32 decode steps on GPU 0), and c with
+#   CLI_K=two_way (runs test_gpu_vllm.py first)
 # Logs and RESULT json files go to $OUT. Every phase has its own time limit, so one failure does not stop the rest.
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -54,8 +58,10 @@ c|e)
   fi
   ;;&
 c)
+  [ "${CLI_K:-}" ] && phase vllm_tests 200 env CUDA_VISIBLE_DEVICES=0 python3 -m pytest -q -p no:cacheprovider \
+    tests/molt_train/test_gpu_vllm.py
   phase cli_tests 540 python3 -m pytest -q -p no:cacheprovider tests/molt_train/test_gpu_trainer_vllm.py \
-    -k "disaggregated or two_way"
+    -k "${CLI_K:-disaggregated or two_way}"
   ;;
 d)
   phase placement 280 python3 benchmarks/gpu/placement_bench.py --model $M06 --eager
@@ -71,12 +77,27 @@ f)  # run as: source .stage-vllm/p2/install.sh && bash benchmarks/gpu/run_h200.s
   phase grpo_06b_compile 330 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/grpo_step_bench.py --model $M06 --compile
   wait
   ;;
-e)  # side by side: TRL's GRPOTrainer on GPU 0, ours (the trainer's PolicyWorker + our vLLM engine) on GPU 1
-  phase grpo_06b 300 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/grpo_step_bench.py --model $M06 --tag 0.6b \
-    ${GRPO_FLAGS:-} &
-  phase trl_06b 330 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu/trl_step_bench.py --model $M06
+g)  # run as: source .stage-vllm/p2/install.sh && bash benchmarks/gpu/run_h200.sh g
+  cp .stage-vllm/p2/install.sh /tmp/stg/install.sh
+  G="python3 benchmarks/gpu/grpo_step_bench.py --model $M06 --compile --steps 4"
+  phase grpo_compile 280 env CUDA_VISIBLE_DEVICES=0 $G --tag compile &
+  phase rollout_vllm 250 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/rollout_bench.py --engine vllm --model $M06 \
+    --concurrency 256 --new-tokens 512
   wait
-  phase nccl_17b 120 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/nccl_sync_bench.py --model $M17 --tag 1.7b \
+  ;;
+e)  # side by side: TRL's GRPOTrainer on GPU 0, ours (the trainer's PolicyWorker + our vLLM engine) on GPU 1
+  (
+    phase grpo_06b 300 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/grpo_step_bench.py --model $M06 --tag 0.6b \
+      ${GRPO_FLAGS:-}
+    [ "${GRPO_FLAGS2:-}" ] && phase grpo_06b_2 260 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/grpo_step_bench.py \
+      --model $M06 --tag 0.6b_2 $GRPO_FLAGS2
+  ) &
+  phase trl_06b 330 env CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu/trl_step_bench.py --model $M06
+  [ "${PROFILE_ROLLOUT:-}" ] && phase rollout_profile 150 env CUDA_VISIBLE_DEVICES=0 python3 \
+    benchmarks/gpu/rollout_bench.py --engine vllm --model $M06 --concurrency 256 --new-tokens 512 --reps 1 \
+    --profile "$OUT/prof" && find "$OUT/prof" -name "*.txt" -exec head -n 45 {} \; | cut -c1-220
+  wait
+  [ "${SKIP_NCCL:-}" ] || phase nccl_17b 120 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/nccl_sync_bench.py --model $M17 --tag 1.7b \
     --trainer-gpu 0
   ;;
 hf)  # needs no vLLM: runs while the bundle's first part is copied
