@@ -69,6 +69,15 @@ def _libraries(binary: str) -> set[str]:
     return found
 
 
+def _copy_not_link(info: tarfile.TarInfo) -> tarfile.TarInfo:
+    """A tar filter for files archived under their host path: a file with more hard links than one (perf's ~/.debug
+    cache links libc, say) goes in as a copy. As a hard-link entry its target could be a path through the image's
+    ``lib -> usr/lib`` symlink, which docker's import refuses."""
+    if info.islnk():
+        info.type, info.linkname, info.size = tarfile.REGTYPE, "", os.stat("/" + info.name).st_size
+    return info
+
+
 def image_tag() -> str:
     """Content-addressed: the zygote's code and the interpreter it wraps."""
     digest = hashlib.sha256()
@@ -105,14 +114,7 @@ def ensure_image(client) -> str:
                 info.type, info.linkname = tarfile.SYMTYPE, target
                 tar.addfile(info)
             for path in sorted(files):
-                info = tar.gettarinfo(path, path.lstrip("/"))
-                if info.islnk():  # a second name of a file already in (e.g. perf's ~/.debug cache links libc)
-                    info.type, info.linkname, info.size = tarfile.REGTYPE, "", os.stat(path).st_size
-                if info.isreg():  # a copy: docker cannot link through the image's lib -> usr/lib symlink
-                    with open(path, "rb") as handle_in:
-                        tar.addfile(info, handle_in)
-                else:
-                    tar.addfile(info)
+                tar.add(path, arcname=path.lstrip("/"), recursive=False, filter=_copy_not_link)
             for binary in binaries:
                 if os.path.islink(binary) or binary != os.path.realpath(binary):
                     info = tarfile.TarInfo(binary.lstrip("/"))
@@ -124,7 +126,7 @@ def ensure_image(client) -> str:
             tar.add(
                 stdlib,
                 arcname=stdlib.lstrip("/"),
-                filter=lambda t: None if "/test/" in t.name or t.name.endswith("/test") else t,
+                filter=lambda t: None if "/test/" in t.name or t.name.endswith("/test") else _copy_not_link(t),
             )
             for name in jail.IN_JAIL_MODULES:
                 tar.add(os.path.join(jail.PACKAGE_DIR, name), arcname=f"opt/sandboxes/{name}")

@@ -44,7 +44,7 @@ def decode_body(body: bytes) -> dict:
         message, end = _scan(text, 0)
     except StopIteration:
         raise FrameError("frame is not JSON") from None
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: nesting deeper than the C scanner goes
         raise FrameError(f"frame is not JSON: {exc}") from None
     if end != len(text):
         raise FrameError(f"frame has extra data after byte {end}")

@@ -99,13 +99,14 @@ class Spare:
                 if not select.select([zygote.rx], [], [], REHEARSE_AFTER_S)[0]:  # the worker is idle
                     _rehearse()
                 try:
-                    header = frames.read_body_fd(zygote.rx)  # compact JSON has no newline (see "H" below)
+                    header = frames.read_body_fd(zygote.rx)
                     order = frames.decode_body(header)
                 except frames.FrameError:
                     os.write(self.meta_w, b"E\n")  # the host closed the channel
                     os._exit(0)
                 if order.get("op") not in ("python", "exec"):  # not ours: hand it to the zygote
-                    os.write(self.meta_w, b"H" + header + b"\n")
+                    # on one line: a raw newline can only be whitespace between tokens (strict JSON)
+                    os.write(self.meta_w, b"H" + header.replace(b"\n", b"") + b"\n")
                     os._exit(0)
             else:
                 try:
@@ -391,10 +392,11 @@ class Zygote:
                 entries = list(os.scandir(top))  # no os.path calls per entry: fewer pages written each run
             except OSError:
                 continue
-            for entry in entries:
-                if entry.path == WORK and entry.is_dir(follow_symlinks=False) and not os.listdir(WORK):
-                    continue  # an empty work dir: keep it
-                _remove(entry.path)
+            for entry in entries:  # the work dir too: its mode, times or xattrs must not reach the next run
+                try:
+                    os.rmdir(entry.path)  # an empty directory (the work dir, usually): one system call
+                except OSError:
+                    _remove(entry.path)
         _make_work()
 
     # ---- persistent REPL ----------------------------------------------------------------------
@@ -434,6 +436,7 @@ class Repl:
                 self.pipes.become_child()
                 os.dup2(rx, 5)
                 os.dup2(tx, 6)
+                os.closerange(3, 5)  # the zygote's own channel to the host: never in reach of a cell's code
                 os.closerange(7, 1 << 16)
                 _apply_limits(limits, cpu_limit=False)  # per cell instead, see _repl_loop
                 os.chdir(WORK)
@@ -475,6 +478,10 @@ class Repl:
                 cell = frames.read_fd(self.from_repl_r)
             except frames.FrameError:  # the REPL closed its end: it is exiting
                 outcome = "exited"
+            # the cell's own code can write this pipe: anything but the loop's report ends the REPL
+            if cell is not None and not (type(cell.get("exit_code")) is int and 0 <= cell["exit_code"] <= 255
+                                         and type(cell.get("memory_error")) is bool and len(cell) == 2):
+                cell, outcome = None, "exited"
         if cell is not None:
             reply = _classify("done", cell, None, limits)
         else:

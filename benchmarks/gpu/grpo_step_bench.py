@@ -14,8 +14,10 @@ left out; everything else is the trainer's code path. Per step:
   weight sync  ``PolicyWorker.share_weights`` (bf16 buckets) + ``engine.load_shared_buckets`` (CUDA IPC into vLLM's
                ``load_weights``), as the trainer's colocated sync
 ``--overlap`` runs the trainer's default schedule (``--train.async_queue_size 1``, no partial rollout): step k's
-generation of batch k+1 starts when step k takes batch k and runs beside its log-prob and training phases; the
-sync then waits for it (``wait``). Step time = from taking batch k to the end of its sync. The batch trains one
+generation of batch k+1 is started as step k takes batch k (its requests go out at the first ``await``, once the
+micro-batches are built, ~0.1 s later) and runs beside its log-prob and training phases; the sync then waits for it
+(``wait``). Here the policy works in a thread of the engine client's process (the trainer runs it as a Ray actor
+of its own), so the two share a GIL as well as the GPU. Step time = from taking batch k to the end of its sync. The batch trains one
 update stale (what IS correction is for), so the mismatch metrics of ``--overlap`` runs include that update.
 Then, outside the timed step: ``engine.check_weight_update_equal`` over every vLLM parameter and the mismatch
 metrics (``algorithms.mismatch_metrics``) between vLLM's log-probs and the recompute.
@@ -187,24 +189,26 @@ async def main_async(args: argparse.Namespace) -> None:
             torch.cat([lp[mb["action_mask"]] for lp, mb in zip(old, micros, strict=True)]),
             torch.cat([mb["rollout_logp"][mb["action_mask"]] for mb in micros]),
             torch.ones(int(exp.action_mask.sum()), dtype=torch.bool)).items()}
+        generated = gens
         if args.overlap:
-            generation_s = pending.result()[1]  # the batch generated during this step
+            generated, generation_s = pending.result()  # the batch generated during this step
         gen_tokens = sum(len(g.token_ids) for g in gens)
         train_flops = model_flops(cfg, lengths, matmul_params, passes=3)
         result = {
             "step": step, "sequences": len(rows), "generated_tokens": gen_tokens, "total_tokens": sum(lengths),
             "overlap": args.overlap,
             "step_s": s4 - s0, "generation_s": generation_s, "logprob_s": s2 - s1, "training_s": s3 - s2,
-            "wait_generation_s": s3b - s3, "weight_sync_s": s4 - s3b, "sync_wait_s": last["wait_s"], "sync_copy_s": last["copy_s"],
-            "sync_bytes": last["bytes"], "sync_buckets": last["buckets"],
-            "generation_tok_per_s": gen_tokens / generation_s,
+            "wait_generation_s": s3b - s3, "weight_sync_s": s4 - s3b, "sync_wait_s": last["wait_s"],
+            "sync_copy_s": last["copy_s"], "sync_bytes": last["bytes"], "sync_buckets": last["buckets"],
+            "generation_tok_per_s": sum(len(g.token_ids) for g in generated) / generation_s,
             "training_tflops": train_flops / (s3 - s2) / 1e12, "training_mfu": train_flops / (s3 - s2) / PEAK_FLOPS,
             "logprob_mfu": model_flops(cfg, lengths, matmul_params, passes=1) / (s2 - s1) / PEAK_FLOPS,
             "stale_after_sync": stale, "grad_norm": out["grad_norm"], "loss": out["loss"],
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0, **mismatch,
         }
         record(f"grpo_step{step}_{args.tag}", result)
-        print(f"step {step}: {result['step_s']:.2f}s = gen {result['generation_s']:.2f} + logprob "
+        gen_part = f"(gen {generation_s:.2f} beside) " if args.overlap else f"gen {generation_s:.2f} + "
+        print(f"step {step}: {result['step_s']:.2f}s = {gen_part}logprob "
               f"{result['logprob_s']:.2f} + train {result['training_s']:.2f} + wait {s3b - s3:.2f} + sync "
               f"{result['weight_sync_s']:.3f} "
               f"(wait {last['wait_s']:.4f}, copy {last['copy_s']:.4f}); MFU {result['training_mfu']:.1%}; "

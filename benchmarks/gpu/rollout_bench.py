@@ -79,6 +79,8 @@ def main() -> None:
     parser.add_argument("--engines", type=int, default=1, help="vLLM engines sharing the GPU (requests alternate)")
     parser.add_argument("--profile", default="", help="directory for vLLM's profiler output (vLLM only)")
     args = parser.parse_args()
+    if args.profile and args.engines > 1:
+        parser.error("--profile traces one engine; run it with --engines 1")
 
     import torch
     from transformers import AutoConfig

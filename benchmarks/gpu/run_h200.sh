@@ -14,9 +14,9 @@
 #   f (after stage1, instead of stage3) [.stage-vllm/p2]: training MFU (one variant profiled),
 #   the worker's GPU test, our GRPO step compiled
 #   g (after stage1, instead of stage3) [.stage-vllm/p2]: our compiled GRPO step (GPU 0), vLLM rollout 256 x 512
-#   (GPU 1). Then stage2, e with GRPO_FLAGS="--compile --overlap" GRPO_FLAGS2=--compile SKIP_NCCL=1 (ours overlapped,
-#   then in series, beside TRL; PROFILE_ROLLOUT=1: then vLLM's profile of 32 decode steps on GPU 0), and c with
-#   CLI_K=two_way (runs test_gpu_vllm.py first)
+#   (GPU 1). Then stage2, and e with GRPO_FLAGS="--compile --overlap --steps 4" GRPO_FLAGS2="--compile --steps 4"
+#   SKIP_NCCL=1 (ours overlapped, then in series, beside TRL; PROFILE_ROLLOUT=1: then vLLM's profile of 32 decode
+#   steps on GPU 0), and c with CLI_K=two_way (runs test_gpu_vllm.py first)
 # Logs and RESULT json files go to $OUT. Every phase has its own time limit, so one failure does not stop the rest.
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1

@@ -119,6 +119,26 @@ async def test_persistent_repl_session():
         assert r.stdout == "None\n"
 
 
+
+OPEN_FDS = "import os\nfds = []\nfor fd in range(256):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n" \
+           "    except OSError:\n        pass\nprint(fds)"
+
+
+@needs_local
+async def test_repl_cells_cannot_reach_or_fake_the_workers_channel():
+    """A cell's code runs in the REPL process itself. It must hold no descriptor of the zygote's channel to the host
+    (it could forge the zygote's replies or read the host's next request), and a report it forges on the REPL's own
+    pipe ends the REPL, not the worker."""
+    async with sandboxes.open("local", persistent=True) as sb:
+        r = await sb.run_python(OPEN_FDS)
+        assert (r.status, r.stdout) == ("ok", "[0, 1, 2, 5, 6]\n"), r  # stdio and the REPL's two cell pipes
+        forged = "import os, struct, time\nbody = b'{\"x\":1}'\nos.write(6, struct.pack('>I', len(body)) + body)\n" \
+                 "time.sleep(5)"
+        r = await sb.run_python(forged)
+        assert r.status == "killed" and "state was lost" in r.stderr, r
+        r = await sb.run_python("print(6 * 7)")
+        assert (r.status, r.stdout) == ("ok", "42\n"), r
+
 async def test_back_pressure_queues_callers(provider):
     options = {"actors": 2, "workers_per_actor": 1} if provider == "ray" else {"workers": 2}
     async with sandboxes.open(provider, **options) as sb:

@@ -2,9 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from sandboxes import frames
+
+
+def test_encodes_what_json_dumps_compact_does():
+    message = {"b": [1.5, float("inf"), None, True], "a": {"é": "\u2028\n"}, "n": -(2**70)}
+    assert frames.encode(message)[4:] == json.dumps(message, separators=(",", ":")).encode()
 
 
 def test_round_trip():
@@ -15,7 +22,8 @@ def test_round_trip():
     assert frames.decode_body(bytearray(data[4:])) == message  # the host decodes from its read buffer
 
 
-@pytest.mark.parametrize("body", [b"", b"{", b"[1]", b"null", b'{"a":1} ', b'{"a":1}{}', b' {"a":1}', b"\xff{}"])
+@pytest.mark.parametrize("body", [b"", b"{", b"[1]", b"null", b'{"a":1} ', b'{"a":1}{}', b' {"a":1}', b"\xff{}",
+                                  b"[" * 100_000, b'{"a":' * 100_000])
 def test_rejects_anything_but_one_object(body):
     with pytest.raises(frames.FrameError):
         frames.decode_body(body)
