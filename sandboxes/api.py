@@ -218,8 +218,8 @@ class Sandbox:
         _check_relative(path)
         if self.persistent:
             reply = await self._require_session().call({"op": "put", "files": {path: _b64(data)}}, None, self.limits)
-            if isinstance(reply, dict) and "error" in reply:
-                raise SandboxError(reply["error"])
+            if isinstance(reply, Result) or "error" in reply:  # a Result here: the worker failed (infra_error)
+                raise SandboxError(reply.stderr if isinstance(reply, Result) else reply["error"])
         else:
             self._staged[path] = _b64(data)
 

@@ -1,7 +1,8 @@
 """A seccomp-BPF deny-list filter built with ctypes, no libseccomp needed.
 
 Default-allow; denies (EPERM) the syscalls a jailed snippet never needs and that widen the kernel
-attack surface: ptrace, mount family, namespaces, bpf, perf, keyrings, io_uring, module/kexec,
+attack surface: ptrace, mount family, namespaces, bpf, perf, keyrings, io_uring, module/kexec, SysV IPC
+(its objects would outlive the execution in the worker's IPC namespace, and their memory stays charged to it),
 non-AF_UNIX sockets, and the TIOCSTI/TIOCLINUX terminal-injection ioctls (the ioctl command is
 compared on its low 32 bits, which is what the kernel uses, so the CVE-2019-10063 high-bit trick
 does not pass). clone3 answers ENOSYS so libc falls back to clone, whose flags we can inspect.
@@ -20,6 +21,9 @@ _X32_SYSCALL_BIT = 0x40000000
 
 # x86_64 syscall numbers
 _DENY_X86_64 = {
+    "shmget": 29,
+    "semget": 64,
+    "msgget": 68,
     "ptrace": 101,
     "syslog": 103,
     "personality": 135,

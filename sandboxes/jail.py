@@ -113,6 +113,9 @@ def bwrap_argv(python: str, config: dict, site_dirs: list[str]) -> tuple[list[st
         args += ["--ro-bind-fd", str(fds[-1]), f"{SITE_MOUNT}/{i}"]
     if not python.startswith("/usr/"):
         args += ["--ro-bind", python, python]
+    # the root and /dev are tmpfs the jail's uid owns: read-only, their mode, times and xattrs carry nothing between
+    # executions (/tmp and /dev/shm are mounts of their own, restored by the zygote's wipe)
+    args += ["--remount-ro", "/dev", "--remount-ro", "/"]
     args += ["--chdir", "/tmp", "--", python, "-I", "-S", f"{JAIL_CODE_DIR}/zygote.py", json.dumps(config)]
     return args, fds
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import ctypes
+import errno
 import fcntl
 import gc
 import json
@@ -31,6 +32,7 @@ import os
 import resource
 import select
 import signal
+import stat
 import sys
 import time
 import types
@@ -48,6 +50,7 @@ SIGKILL = int(signal.SIGKILL)  # a plain int: using the enum member writes to it
 # A spare rehearses (see `_rehearse`) only when no request came for this long: under steady traffic
 # the next request is due any moment and the rehearsal would only compete with it for the cores.
 REHEARSE_AFTER_S = 0.002
+GET_MAX_BYTES = 48 << 20  # a download's bytes, base64-encoded, must fit in one frame (frames.MAX_FRAME_BYTES)
 
 
 class Spare:
@@ -152,6 +155,8 @@ class Zygote:
         SCRATCH = tuple(config.get("scratch", SCRATCH))
         WORK = os.path.join(SCRATCH[0], "work")
         self.pid = os.getpid()
+        # what the wipe restores: the jail's uid owns these mounts, so a snippet can chmod them or tag them
+        self.scratch_modes = {top: os.stat(top).st_mode & 0o7777 for top in SCRATCH if os.path.isdir(top)}
         self.scope_fd: int | None = None
         self.repl: Repl | None = None
         self.spare: Spare | None = None
@@ -289,19 +294,25 @@ class Zygote:
             start += sent
 
     # ---- files ----------------------------------------------------------------------------
+    # A persistent session's earlier code may have planted symlinks, FIFOs or directories at these paths: the
+    # zygote follows no symlink (`_open_in_work`), touches regular files only, and answers an error, never dies.
     def put(self, request: dict) -> dict:
-        os.makedirs(WORK, exist_ok=True)
-        _write_files(request.get("files", {}))
+        _make_work()
+        try:
+            _write_files(request.get("files", {}))
+        except (OSError, ValueError) as exc:
+            return {"error": f"cannot write {sorted(request.get('files', {}))}: {exc}"}
         return {"ok": True}
 
     def get(self, request: dict) -> dict:
-        path = _inside_work(request["path"])
+        limit = min(request.get("max_bytes", GET_MAX_BYTES), GET_MAX_BYTES)
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-        except OSError as exc:
-            return {"error": f"cannot read {request['path']!r}: {exc.strerror}"}
-        with os.fdopen(fd, "rb") as handle:
-            data = handle.read(request.get("max_bytes", 1 << 26) + 1)
+            with os.fdopen(_open_in_work(request["path"], os.O_RDONLY), "rb") as handle:
+                data = handle.read(limit + 1)
+        except (OSError, ValueError) as exc:
+            return {"error": f"cannot read {request['path']!r}: {exc}"}
+        if len(data) > limit:
+            return {"error": f"{request['path']!r} is larger than {limit} bytes, the most one download carries"}
         return {"data": base64.b64encode(data).decode()}
 
     # ---- one-shot execution -----------------------------------------------------------------
@@ -388,6 +399,10 @@ class Zygote:
 
     def wipe(self) -> None:
         for top in SCRATCH:
+            with contextlib.suppress(OSError):  # where the jail's uid owns the mount (not in a container)
+                os.chmod(top, self.scratch_modes[top])  # first: a read-only /tmp would keep its entries
+                for name in os.listxattr(top):
+                    os.removexattr(top, name)
             try:
                 entries = list(os.scandir(top))  # no os.path calls per entry: fewer pages written each run
             except OSError:
@@ -634,10 +649,33 @@ def _child_python(code: str, namespace: dict, finish: bool = True) -> tuple[int,
 
 def _write_files(files: dict) -> None:
     for rel, data in files.items():
-        path = _inside_work(rel)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(path, "wb") as handle:
+        with os.fdopen(_open_in_work(rel, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb") as handle:
             handle.write(base64.b64decode(data))
+
+
+def _open_in_work(rel: str, flags: int) -> int:
+    """Open the regular file `rel` under the work dir without following a symlink on the way; with O_CREAT,
+    missing directories are made. Raises OSError (a symlink: ELOOP or ENOTDIR; a FIFO: ENXIO; not a regular
+    file: EINVAL) or ValueError (a path that leaves the work dir)."""
+    parts = _inside_work(rel)[len(WORK) + 1:].split("/")
+    fd = os.open(WORK, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for part in parts[:-1]:
+            if flags & os.O_CREAT:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(part, dir_fd=fd)
+            inner = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            os.close(fd)
+            fd = inner
+        # O_NONBLOCK: opening a FIFO never waits for its other end
+        target = os.open(parts[-1], flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644, dir_fd=fd)
+    finally:
+        os.close(fd)
+    if not stat.S_ISREG(os.fstat(target).st_mode):
+        os.close(target)
+        raise OSError(errno.EINVAL, f"{rel!r} is not a regular file")
+    os.set_blocking(target, True)
+    return target
 
 
 def _make_work() -> None:

@@ -139,6 +139,34 @@ async def test_repl_cells_cannot_reach_or_fake_the_workers_channel():
         r = await sb.run_python("print(6 * 7)")
         assert (r.status, r.stdout) == ("ok", "42\n"), r
 
+
+@needs_local
+async def test_file_transfers_never_follow_what_a_cell_planted():
+    """Upload and download run in the zygote itself, which holds more than a cell: a symlink, FIFO or directory
+    that earlier code put at the path is refused with an error, never followed, and never ends the session."""
+    async with sandboxes.open("local", persistent=True) as sb:
+        planted = await sb.run_python("""
+import os
+x = 7
+os.symlink('/proc/self/fd/8', 'notes.txt')  # in the zygote, /proc/self is the zygote
+os.symlink('/dev', 'd')
+os.symlink('/proc/self', 'z')
+os.mkfifo('fifo')
+os.mkdir('adir')
+print('planted')
+""")
+        assert planted.stdout == "planted\n", planted
+        for path in ("notes.txt", "d/x", "fifo", "adir"):
+            with pytest.raises(sandboxes.SandboxError, match="cannot write"):
+                await sb.upload(path, b'{"exit_code":0}')
+        for path in ("notes.txt", "d/zero", "z/status", "fifo", "adir"):
+            with pytest.raises(sandboxes.SandboxError, match="cannot read"):
+                await sb.download(path)
+        r = await sb.run_python("import sys; print(x); sys.exit(1)")  # the REPL and its state are intact
+        assert (r.status, r.stdout) == ("error", "7\n"), r
+        await sb.upload("sub/ok.txt", b"fine")  # a plain path still works
+        assert await sb.download("sub/ok.txt") == b"fine"
+
 async def test_back_pressure_queues_callers(provider):
     options = {"actors": 2, "workers_per_actor": 1} if provider == "ray" else {"workers": 2}
     async with sandboxes.open(provider, **options) as sb:

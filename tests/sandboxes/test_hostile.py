@@ -227,6 +227,42 @@ print(sorted(os.listdir(".")), sorted(os.listdir("/tmp")), sorted(os.listdir("/d
             assert r.status == "ok" and "secret" not in r.stdout and "deep" not in r.stdout, r.stdout
 
 
+
+async def test_nothing_on_the_jails_own_mounts_carries_over(provider):
+    """Objects that outlive a process: SysV IPC (refused), and the mode and xattrs of the scratch mounts and of
+    the root, which the jail's uid owns in the local tier (restored by the wipe; the root is read-only)."""
+    async with sandboxes.open(provider, workers=1) if provider != "ray" else \
+            sandboxes.open(provider, actors=1, workers_per_actor=1) as sb:
+        first = await sb.run_python("""
+import ctypes, errno, os
+libc = ctypes.CDLL(None, use_errno=True)
+print("shmget", "ALLOWED" if libc.shmget(0, 1 << 20, 0o1600) >= 0 else errno.errorcode[ctypes.get_errno()])
+print("msgget", "ALLOWED" if libc.msgget(0, 0o1600) >= 0 else errno.errorcode[ctypes.get_errno()])
+for path in ("/", "/dev"):
+    try:
+        os.chmod(path, 0o700)
+        print(path, "CHMOD ALLOWED")
+    except OSError as exc:
+        print(path, errno.errorcode[exc.errno])
+open("/tmp/left_behind", "w").write("x")
+for top in ("/tmp", "/dev/shm"):
+    try:
+        os.setxattr(top, "user.tag", b"1")
+    except OSError:
+        pass
+    try:
+        os.chmod(top, 0o555)
+    except OSError:
+        pass
+""")
+        assert "ALLOWED" not in first.stdout and first.stdout.count("EPERM") >= 2, first
+        second = await sb.run_python("""
+import os
+print(os.path.exists("/tmp/left_behind"), os.listxattr("/tmp") + os.listxattr("/dev/shm"),
+      open("/proc/sysvipc/shm").read().count("\\n"), os.access("/tmp", os.W_OK))
+""")
+        assert (second.status, second.stdout) == ("ok", "False [] 1 True\n"), second
+
 # ---- exhaustion --------------------------------------------------------------------------------
 
 
