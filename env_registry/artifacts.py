@@ -9,6 +9,7 @@ registry recomputes it from the uploaded sdist instead of trusting the publisher
 from __future__ import annotations
 
 import configparser
+import gzip
 import hashlib
 import json
 import tarfile
@@ -19,6 +20,8 @@ from email.parser import HeaderParser
 from pathlib import Path
 from typing import Any
 
+from packaging.requirements import InvalidRequirement, Requirement
+
 from env_registry import names
 from env_registry.errors import Error, ManifestError
 from env_registry.manifest import EnvManifest, manifests_from_pyproject
@@ -26,6 +29,7 @@ from env_registry.registry import ENTRY_POINT_GROUP, MANIFEST_METADATA_PATH
 
 MAX_METADATA_BYTES = 1 << 20
 MAX_UNPACKED_BYTES = 512 << 20
+MAX_SDIST_MEMBERS = 20_000
 
 
 class InvalidArtifact(Error, ValueError):
@@ -122,6 +126,14 @@ def _read_wheel(wheel: Path) -> tuple[dict[str, str], dict[str, str], str | None
         raise InvalidArtifact(f"{wheel.name} is not a readable wheel: {exc}") from None
     headers = HeaderParser().parsestr(metadata_text)
     metadata = {key: str(headers[key]) for key in ("Name", "Version", "Requires-Python", "Summary") if key in headers}
+    for line in headers.get_all("Requires-Dist") or []:
+        try:
+            url = Requirement(str(line)).url
+        except InvalidRequirement as exc:
+            raise InvalidArtifact(f"{wheel.name}: Requires-Dist {str(line)!r:.120} is not a requirement: {exc}") from None
+        if url:  # pip would fetch (and maybe build) it at install time, from anywhere
+            raise InvalidArtifact(f"{wheel.name}: Requires-Dist {str(line)!r:.120} is a direct reference ({url}); "
+                                  "depend on a released package by name and version instead")
     parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # env IDs are case-sensitive
     try:
@@ -145,6 +157,28 @@ def check_entry_points(where: str, manifests: list[EnvManifest], entry_points: d
                             "manifest; add one per env ID")
 
 
+class _Bounded:
+    """The decompressed stream of an sdist, refusing any read that would take it past MAX_UNPACKED_BYTES in all
+    before reading: tarfile reads a pax or long-name header's data in one piece, whatever size the header claims,
+    so a few hundred KB of gzip could otherwise make the server allocate gigabytes."""
+
+    def __init__(self, raw: Any, name: str) -> None:
+        self.raw, self.name, self.total = raw, name, 0
+
+    def read(self, size: int = -1) -> bytes:
+        if size < 0 or self.total + size > MAX_UNPACKED_BYTES:
+            raise InvalidArtifact(f"{self.name} unpacks to more than {MAX_UNPACKED_BYTES} bytes")
+        data = self.raw.read(size)
+        self.total += len(data)
+        return data
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        return self.raw.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.raw.tell()
+
+
 def _read_sdist(sdist: Path) -> tuple[dict[str, Any], str]:
     """``(parsed pyproject.toml, content hash)``; every member must sit under ``<file name minus .tar.gz>/``."""
     top = sdist.name.removesuffix(".tar.gz")
@@ -152,8 +186,10 @@ def _read_sdist(sdist: Path) -> tuple[dict[str, Any], str]:
     pyproject: dict[str, Any] | None = None
     unpacked = 0
     try:
-        with tarfile.open(sdist, "r:gz") as tf:
-            for member in tf:
+        with gzip.open(sdist) as raw, tarfile.open(fileobj=_Bounded(raw, sdist.name), mode="r:") as tf:
+            for count, member in enumerate(tf):
+                if count >= MAX_SDIST_MEMBERS:
+                    raise InvalidArtifact(f"{sdist.name} has more than {MAX_SDIST_MEMBERS} members")
                 path = member.name.removeprefix("./")
                 head, _, rel = path.partition("/")
                 if head != top or ".." in rel.split("/"):
@@ -174,6 +210,8 @@ def _read_sdist(sdist: Path) -> tuple[dict[str, Any], str]:
                 entries.append((rel, hashlib.sha256(data).hexdigest()))
     except (tarfile.TarError, OSError, EOFError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise InvalidArtifact(f"{sdist.name} is not a readable .tar.gz sdist: {exc}") from None
+    except RecursionError:
+        raise InvalidArtifact(f"{sdist.name}: its pyproject.toml nests deeper than a parser goes") from None
     if pyproject is None:
         raise InvalidArtifact(f"{sdist.name} has no {top}/pyproject.toml")
     digest = hashlib.sha256()

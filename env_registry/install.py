@@ -13,9 +13,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from env_registry import names
 from env_registry.artifacts import file_sha256
 from env_registry.client import RegistryClient
 from env_registry.errors import Error
+from env_registry.ids import parse_env_id
 from env_registry.store import LocalRegistry, ReleaseInfo
 
 PIP_TIMEOUT_S = 900
@@ -33,6 +35,11 @@ def install(env_id: str, registry: LocalRegistry | RegistryClient, python: str |
     """Install the package providing ``env_id`` (``ns/name-vN[@version]``); returns the release installed."""
     info = registry.resolve(env_id)
     wheel = info.wheel
+    # the registry's answer must be what was asked: a wheel of the release it names, providing the env ID
+    if names.distribution_file(wheel.filename)[:2] != (info.package, info.version) or \
+            parse_env_id(env_id).unpinned not in info.env_ids:
+        raise InstallError(f"{registry} answered {env_id!r} with {wheel.filename!r} of {info.package} {info.version} "
+                           f"(env IDs {info.env_ids}), which is not a wheel of a release providing it; not installing")
     with tempfile.TemporaryDirectory(prefix="molt-install-") as tmp:
         path = registry.fetch(info, wheel, Path(tmp))
         actual = file_sha256(path)

@@ -157,7 +157,7 @@ def format_validation_error(exc: ValidationError, where: str) -> str:
 def manifests_from_pyproject(text: str, source: str) -> list[EnvManifest]:
     try:
         data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
         raise ManifestError(f"{source}: not valid TOML: {exc}") from None
     table = data.get("tool", {}).get("molt", {}).get("env")
     if table is None:

@@ -47,10 +47,14 @@ def package_version(version: str) -> str:
     return str(parsed)
 
 
+_FILENAME = re.compile(r"[A-Za-z0-9._+!-]+")  # what wheel and sdist names use; no path, quote or markup
+
+
 def distribution_file(filename: str) -> tuple[str, str, str]:
     """``(normalized name, version, "wheel"|"sdist")`` of a wheel or ``.tar.gz`` sdist file name."""
-    if not isinstance(filename, str) or "/" in filename or "\\" in filename or filename.startswith("."):
-        raise InvalidName(f"file name {filename!r:.120} is invalid; give a bare wheel or sdist file name")
+    if not isinstance(filename, str) or not _FILENAME.fullmatch(filename) or filename.startswith("."):
+        raise InvalidName(f"file name {filename!r:.120} is invalid; give a bare wheel or sdist file name "
+                          "(letters, digits and . _ + ! - only)")
     try:
         if filename.endswith(".whl"):
             name, version, _, _ = parse_wheel_filename(filename)

@@ -17,6 +17,7 @@ import base64
 import binascii
 import html
 import shutil
+import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
@@ -86,7 +87,7 @@ Publisher = Annotated[str, Depends(publisher)]
 
 
 def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> FastAPI:
-    registry = LocalRegistry(root)
+    registry = LocalRegistry(root, label="this registry")
     app = FastAPI(title="molt env registry", version="1")
     app.state.registry = registry
     app.state.private = private
@@ -224,7 +225,8 @@ def _anchor(root: str, release: ReleaseInfo, file: FileInfo) -> str:
         attrs += f' data-requires-python="{html.escape(release.requires_python)}"'
     if release.yanked:
         attrs += f' data-yanked="{html.escape(release.yanked_reason or "")}"'
-    return f'<a href="{root}/{file.url}#sha256={file.sha256}"{attrs}>{html.escape(file.filename)}</a><br>\n'
+    href = html.escape(f"{root}/{urllib.parse.quote(file.url)}#sha256={file.sha256}")
+    return f'<a href="{href}"{attrs}>{html.escape(file.filename)}</a><br>\n'
 
 
 def _page(title: str, body: str) -> str:

@@ -112,11 +112,22 @@ class TokenInfo(BaseModel):
     revoked: float | None
 
 
-class LocalRegistry:
-    """The registry under ``root`` (created on first use)."""
+def _check_owner(package: str, owner: str | None, publisher: str) -> None:
+    """A token's publisher may change only its own packages; one published locally (no owner) is local-only."""
+    if owner is None:
+        raise Forbidden(f"package {package!r} was published locally (it has no owner), so only local publishing "
+                        "may add to or yank it (molt-env publish --registry DIR); choose another package name")
+    if owner != publisher:
+        raise Forbidden(f"package {package!r} belongs to publisher {owner!r}, not {publisher!r}; "
+                        "publish it with one of their tokens, or choose another package name")
 
-    def __init__(self, root: str | Path) -> None:
+class LocalRegistry:
+    """The registry under ``root`` (created on first use). ``label``: how error messages name it (a server passes
+    one, so that its clients never see its file system paths)."""
+
+    def __init__(self, root: str | Path, label: str | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
+        self.label = label
         self.files = self.root / "files"
         self.staging = self.root / "staging"
         for d in (self.files, self.staging):
@@ -125,7 +136,7 @@ class LocalRegistry:
             db.executescript(SCHEMA)
 
     def __repr__(self) -> str:
-        return f"LocalRegistry({str(self.root)!r})"
+        return self.label or f"LocalRegistry({str(self.root)!r})"
 
     # -- connections --
     @contextmanager
@@ -199,9 +210,8 @@ class LocalRegistry:
         """Raise unless ``release`` may be added; True when its package is new. Runs inside the write transaction."""
         name, version = release.name, release.version
         row = db.execute("SELECT owner FROM packages WHERE name = ?", (name,)).fetchone()
-        if row is not None and publisher is not None and row["owner"] not in (None, publisher):
-            raise Forbidden(f"package {name!r} belongs to publisher {row['owner']!r}, not {publisher!r}; "
-                            "publish it with one of their tokens, or choose another package name")
+        if row is not None and publisher is not None:
+            _check_owner(name, row["owner"], publisher)
         existing = db.execute("SELECT version, content_hash FROM releases WHERE package = ?", (name,)).fetchall()
         for other in existing:
             if Version(other["version"]) == Version(version):
@@ -237,8 +247,8 @@ class LocalRegistry:
         info = self.release(package, version)
         with self._write() as db:
             owner = db.execute("SELECT owner FROM packages WHERE name = ?", (info.package,)).fetchone()["owner"]
-            if publisher is not None and owner not in (None, publisher):
-                raise Forbidden(f"package {info.package!r} belongs to publisher {owner!r}, not {publisher!r}")
+            if publisher is not None:
+                _check_owner(info.package, owner, publisher)
             db.execute("UPDATE releases SET yanked = 1, yanked_reason = ? WHERE package = ? AND version = ?",
                        (reason, info.package, info.version))
         return self.release(info.package, info.version)
