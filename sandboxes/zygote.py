@@ -398,11 +398,12 @@ class Zygote:
             time.sleep(0.0005)
 
     def wipe(self) -> None:
-        for top in SCRATCH:
+        for top, mode in self.scratch_modes.items():
             with contextlib.suppress(OSError):  # where the jail's uid owns the mount (not in a container)
-                os.chmod(top, self.scratch_modes[top])  # first: a read-only /tmp would keep its entries
+                os.chmod(top, mode)  # first: a read-only /tmp would keep its entries
                 for name in os.listxattr(top):
                     os.removexattr(top, name)
+        for top in SCRATCH:
             try:
                 entries = list(os.scandir(top))  # no os.path calls per entry: fewer pages written each run
             except OSError:
