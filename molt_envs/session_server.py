@@ -36,7 +36,7 @@ from molt_envs import wire_anthropic, wire_openai
 from molt_envs.contract import SamplingParams
 from molt_envs.engine import Engine
 from molt_envs.request_fields import session_params
-from molt_envs.sessions import BadRequest, ChatTemplate, Session, segment_json
+from molt_envs.sessions import BadRequest, ChatTemplate, Session, SessionClosed, segment_json
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -83,7 +83,10 @@ class SessionServer:
         return session
 
     def close_session(self, session_id: str) -> Session | None:
-        return self.sessions.pop(session_id, None)
+        session = self.sessions.pop(session_id, None)
+        if session is not None:
+            session.closed = True
+        return session
 
     def _expire_idle(self) -> None:
         """Drop sessions idle for longer than ``session_ttl_s`` (checked at most every tenth of the TTL)."""
@@ -91,8 +94,9 @@ class SessionServer:
         if self.session_ttl_s is None or now - self._swept < self.session_ttl_s / 10:
             return
         self._swept = now
-        for session_id in [i for i, s in self.sessions.items() if now - s.last_used > self.session_ttl_s]:
-            del self.sessions[session_id]
+        for session_id in [i for i, s in self.sessions.items()
+                           if now - s.last_used > self.session_ttl_s and not s.lock.locked()]:  # none mid-call
+            self.close_session(session_id)
 
     def urls(self, session_id: str, root: str | None = None) -> tuple[str, str]:
         """``(base_url, session_url)``: the OpenAI client's base URL and the Anthropic client's."""
@@ -208,6 +212,11 @@ class SessionServer:
             return JSONResponse(wire.error(str(exc), exc.status), status_code=exc.status)
         except BadRequest as exc:
             return JSONResponse(wire.error(str(exc), 400), status_code=400)
+        except SessionClosed as exc:
+            return JSONResponse(wire.error(str(exc), 404), status_code=404)
+        except RecursionError:
+            return JSONResponse(wire.error("the request nests deeper than the server parses; flatten it", 400),
+                                status_code=400)
         except Exception as exc:  # the engine or the server failed, not the request
             return JSONResponse(wire.error(f"generation failed: {type(exc).__name__}: {exc}", 500), status_code=500)
         if stream:
@@ -251,6 +260,8 @@ def _json_object(raw: bytes) -> dict[str, Any]:
         body = json.loads(raw)
     except ValueError as exc:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise BadRequest("the request body nests deeper than the server parses; flatten it") from None
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
     return body

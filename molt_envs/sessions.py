@@ -43,6 +43,10 @@ class BadRequest(ValueError):
     """The request is wrong (the server answers 4xx with this message); never an engine or server fault."""
 
 
+class SessionClosed(LookupError):
+    """The session was closed (or expired) while this call waited or generated: nothing of it is recorded."""
+
+
 @dataclass
 class ChatRequest:
     """One chat call, decoded from either wire into the OpenAI message shape the chat template renders."""
@@ -84,8 +88,13 @@ class ChatTemplate:
         self.turn_end = probe[probe.index(_PROBE) + len(_PROBE):]  # ChatML: "<|im_end|>\n"
 
     def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+        from jinja2 import TemplateError  # what transformers renders chat templates with
+
+        try:
+            return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                                      add_generation_prompt=generation_prompt)
+        except TemplateError as exc:  # e.g. a template's raise_exception on the conversation's shape
+            raise BadRequest(f"the chat template refused the conversation: {exc}") from None
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -126,6 +135,7 @@ class Session:
         self.inline_max_chars = INLINE_MAX_CHARS  # -1: every piece of tokenizer work goes to the pool
         self.lock = asyncio.Lock()
         self.last_used = time.monotonic()
+        self.closed = False  # set by the server on close: a call in flight then records nothing
         self._history: list[dict[str, Any]] | None = None  # the last committed request's messages
         self._tools: list[dict[str, Any]] | None = None
         self._seen: str = ""  # its rendering, which the current segment's ids encode
@@ -145,7 +155,11 @@ class Session:
         async with self.lock:
             if key == self._last_key and self._last_reply is not None:
                 return replace(self._last_reply, engine_s=0.0)  # a retry: replay, record nothing
-            plan = await self._tokenizer_work(len(key), self._plan, request)
+            try:
+                plan = await self._tokenizer_work(len(key), self._plan, request)
+            except (TypeError, UnicodeEncodeError) as exc:  # what tokenizers raise on text they cannot encode
+                raise BadRequest(f"the conversation cannot be tokenized ({type(exc).__name__}: {exc}); a message may "
+                                 "hold an unpaired surrogate escape such as \\ud800") from None
             context = len(plan.ids) + (0 if plan.new_segment else len(self.segments[-1].token_ids))
             budget = min(params.max_tokens, self.max_length - context)
             if budget <= 0:  # no room left: nothing is generated or recorded
@@ -166,8 +180,12 @@ class Session:
             content, calls = parse_tool_calls(text) if request.tools and request.parse_tools else (text, [])
             finish = "length" if gen.finish_reason == "length" else "tool_calls" if calls else "stop"
             reply = Reply(text, content, calls, finish, len(prompt_ids), len(gen.token_ids), engine_s)
+            if self.closed:  # the trajectory was handed over meanwhile: it must not change any more
+                raise SessionClosed(f"session {self.session_id} was closed while this call generated; nothing "
+                                    "was recorded")
             self._commit(request, plan, gen, stop_text)
             self._last_key, self._last_reply = key, reply
+            self.last_used = time.monotonic()
             return reply
 
     async def _tokenizer_work(self, size: int, fn: Any, *args: Any) -> Any:

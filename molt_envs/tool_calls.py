@@ -62,4 +62,8 @@ def _parse_block(block: str) -> ToolCall | None:
             return None
     if not isinstance(arguments, dict):
         return None
+    try:  # NaN, Infinity (or 1e999) and unpaired surrogates parse, but no JSON reply can carry them: plain text
+        json.dumps([data["name"], arguments], ensure_ascii=False, allow_nan=False).encode()
+    except ValueError:
+        return None
     return ToolCall(id=uuid.uuid4().hex[:24], name=data["name"], arguments=arguments)

@@ -34,7 +34,9 @@ def decode(body: dict[str, Any]) -> tuple[ChatRequest, bool, bool]:
                 not isinstance(fn.get("parameters", {}), dict):
             raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}")
     if optional(body, "n", int, "1") not in (None, 1):
-        raise BadRequest(f"n must be 1 (one choice per call), got {body['n']}")
+        raise BadRequest(f"n must be 1 (one choice per call), got {body['n']}; for several samples of one "
+                         "conversation open a session per sample (a session answers a repeated identical request "
+                         "with its last reply, as it does an SDK's retry)")
     stream = bool(optional(body, "stream", bool, "a boolean"))
     options = optional(body, "stream_options", dict, "an object") or {}
     request = ChatRequest(messages, tools or None, sampling_overrides(body, ("max_completion_tokens", "max_tokens")),

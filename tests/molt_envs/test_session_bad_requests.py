@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 
 import anthropic
@@ -139,3 +140,46 @@ async def test_idle_sessions_expire_after_the_ttl(serve, tiny_tokenizer):
     await asyncio.sleep(0.35)
     server.open_session()
     assert idle.session_id not in server.sessions and busy.session_id in server.sessions
+
+
+async def test_deep_nesting_and_unpaired_surrogates_are_400(http):
+    client, _, session = http
+    deep = b"[" * 3000
+    for path in (f"/s/{session.session_id}/v1/chat/completions", "/sessions"):
+        response = await client.post(path, content=deep, headers={"content-type": "application/json"})
+        assert response.status_code == 400 and "nests deeper" in response.text, response.text
+    raw = b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}'
+    response = await client.post(f"/s/{session.session_id}/v1/chat/completions", content=raw,
+                                 headers={"content-type": "application/json"})
+    assert response.status_code == 400 and "unpaired surrogate" in response.text, response.text
+    assert session.segments == []
+
+
+async def test_a_call_in_flight_when_its_session_closes_records_nothing(serve, tiny_tokenizer):
+    """The runner hands the trajectory over when the agent returns; a call still generating must not grow it."""
+
+    class Slow(ScriptedEngine):
+        async def generate(self, prompt_ids, params, images=None):
+            await asyncio.sleep(0.5)
+            return await super().generate(prompt_ids, params, images)
+
+    server = await serve(Slow(tiny_tokenizer, ["ok"]), tiny_tokenizer)
+    session = server.open_session()
+    call = asyncio.create_task(serve.openai(server, session).with_options(max_retries=0).chat.completions.create(
+        model="p", messages=[{"role": "user", "content": "x"}]))
+    await asyncio.sleep(0.2)
+    server.close_session(session.session_id)
+    with pytest.raises(openai.NotFoundError, match="closed while this call generated"):
+        await call
+    assert session.segments == []
+
+
+async def test_a_chat_template_refusal_is_the_clients_error(serve, tiny_tokenizer):
+    tokenizer = copy.deepcopy(tiny_tokenizer)
+    tokenizer.chat_template = ("{% if messages[-1]['role'] == 'system' %}{{ raise_exception('no system message "
+                               "at the end') }}{% endif %}" + tiny_tokenizer.chat_template)
+    server = await serve(ScriptedEngine(tokenizer, ["ok"]), tokenizer)
+    session = server.open_session()
+    with pytest.raises(openai.BadRequestError, match="the chat template refused the conversation: no system"):
+        await serve.openai(server, session).chat.completions.create(
+            model="p", messages=[{"role": "user", "content": "x"}, {"role": "system", "content": "y"}])

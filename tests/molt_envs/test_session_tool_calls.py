@@ -36,6 +36,9 @@ def test_arguments_given_as_a_json_string_are_decoded():
     '<tool_call>{"name": "calc", "arguments": {}}',  # unclosed
     CALL + "<tool_call>{broken",  # one good call does not rescue a broken one
     '<tool_call>["calc"]</tool_call>',
+    '<tool_call>{"name": "calc", "arguments": {"x": NaN}}</tool_call>',  # no JSON reply can carry these:
+    '<tool_call>{"name": "calc", "arguments": {"x": 1e999}}</tool_call>',
+    '<tool_call>{"name": "calc", "arguments": {"x": "\\ud800"}}</tool_call>',  # an unpaired surrogate
 ])
 def test_malformed_calls_come_back_as_plain_text(text):
     assert parse_tool_calls(text) == (text, [])
