@@ -158,8 +158,12 @@ class Session:
             try:
                 plan = await self._tokenizer_work(len(key), self._plan, request)
             except (TypeError, UnicodeEncodeError) as exc:  # what tokenizers raise on text they cannot encode
-                raise BadRequest(f"the conversation cannot be tokenized ({type(exc).__name__}: {exc}); a message may "
-                                 "hold an unpaired surrogate escape such as \\ud800") from None
+                try:  # the client's fault only if its text has an unpaired surrogate (an escape such as \\ud800)
+                    json.dumps([request.messages, request.tools], ensure_ascii=False).encode()
+                except UnicodeEncodeError:
+                    raise BadRequest(f"the conversation cannot be tokenized ({type(exc).__name__}: {exc}): a message "
+                                     "holds an unpaired surrogate escape such as \\ud800") from None
+                raise
             context = len(plan.ids) + (0 if plan.new_segment else len(self.segments[-1].token_ids))
             budget = min(params.max_tokens, self.max_length - context)
             if budget <= 0:  # no room left: nothing is generated or recorded
