@@ -231,8 +231,8 @@ print(sorted(os.listdir(".")), sorted(os.listdir("/tmp")), sorted(os.listdir("/d
 async def test_nothing_on_the_jails_own_mounts_carries_over(provider):
     """Objects that outlive a process: SysV IPC (refused), and the mode and xattrs of the scratch mounts and of
     the root, which the jail's uid owns in the local tier (restored by the wipe; the root is read-only)."""
-    async with sandboxes.open(provider, workers=1) if provider != "ray" else \
-            sandboxes.open(provider, actors=1, workers_per_actor=1) as sb:
+    one_worker = {"actors": 1, "workers_per_actor": 1} if provider == "ray" else {"workers": 1}  # the 2nd run follows
+    async with sandboxes.open(provider, **one_worker) as sb:
         first = await sb.run_python("""
 import ctypes, errno, os
 libc = ctypes.CDLL(None, use_errno=True)
