@@ -293,10 +293,13 @@ def _validate_engine(cfg: SimpleNamespace) -> None:
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     parallel = (options.tensor_parallel_size, options.data_parallel_size)
-    if options.num_engines != 1 or parallel != (1, 1):
-        raise ConfigError(f"--rollout.engine vllm drives one single-GPU engine here: it needs --vllm.num_engines 1 "
-                          f"--vllm.tensor_parallel_size 1 --vllm.data_parallel_size 1, got {options.num_engines}, "
-                          f"{parallel[0]}, {parallel[1]}")
+    if parallel != (1, 1):
+        raise ConfigError(f"--rollout.engine vllm drives single-GPU engines here: it needs "
+                          f"--vllm.tensor_parallel_size 1 --vllm.data_parallel_size 1, got {parallel[0]}, {parallel[1]}")
+    if options.num_engines != 1 and not train.colocate_all:
+        raise ConfigError(f"--vllm.num_engines {options.num_engines} puts that many engines on the one GPU the "
+                          "trainer shares with them; add --train.colocate_all, or use --vllm.num_engines 1 for an "
+                          "engine on a GPU of its own")
     if options.enable_sleep and not train.colocate_all:
         raise ConfigError("--vllm.enable_sleep frees the GPU the engine shares with the trainer; with the engine "
                           "on a GPU of its own (no --train.colocate_all) drop it")

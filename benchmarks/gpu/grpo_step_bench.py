@@ -1,7 +1,7 @@
 """One colocated GRPO step on one GPU: vLLM generates, the trainer's policy recomputes log-probs and trains, weights sync.
 
     python3 benchmarks/gpu/grpo_step_bench.py --model DIR [--steps 3] [--param-dtype bfloat16] [--compile]
-        [--overlap]
+        [--overlap] [--engines K] [--no-recompute]
 
 vLLM (``VLLMEngine``, gpu_memory_utilization 0.35) and the trainer's own ``PolicyWorker`` (one FSDP2 rank on NCCL,
 fp32 master weights, ``--param-dtype`` compute, SDPA, AdamW) stay resident on the same GPU: no sleep/wake. Ray is
@@ -13,6 +13,10 @@ left out; everything else is the trainer's code path. Per step:
                micro-batches of ``--micro-rows``)
   weight sync  ``PolicyWorker.share_weights`` (bf16 buckets) + ``engine.load_shared_buckets`` (CUDA IPC into vLLM's
                ``load_weights``), as the trainer's colocated sync
+``--engines K``: ``--vllm.num_engines K``, K engine processes share the GPU (and the 0.35 of its memory).
+``--no-recompute``: the trainer's own path for this workload (one optimizer step takes the whole batch, so pi_old
+is the training forward's log-probs, detached: ``molt-train rl`` skips the recompute); the log-prob phase is then
+empty and the mismatch metrics come from ``train_step`` (computed there against the same forward).
 ``--overlap`` runs the trainer's default schedule (``--train.async_queue_size 1``, no partial rollout): step k's
 generation of batch k+1 is started as step k takes batch k (its requests go out at the first ``await``, once the
 micro-batches are built, ~0.1 s later) and runs beside its log-prob and training phases; the sync then waits for it
@@ -100,7 +104,9 @@ async def main_async(args: argparse.Namespace) -> None:
 
     t0 = time.perf_counter()
     engine = VLLMEngine(args.model, VLLMOptions(gpu_memory_utilization=args.gpu_memory_utilization,
-                                                max_model_len=1024, max_num_seqs=1024, max_num_batched_tokens=16384))
+                                                max_model_len=1024, max_num_seqs=args.max_num_seqs,
+                                                max_num_batched_tokens=16384,
+                                                num_engines=args.engines))
     t_engine = time.perf_counter() - t0
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script with a stand-in engine
 
@@ -167,13 +173,14 @@ async def main_async(args: argparse.Namespace) -> None:
                                                       group_ids=exp.group_ids, rollout_ids=exp.rollout_ids))
         micros = [micro_batch(exp, r, 0) for r in plan_micro_batches(lengths, 1, args.micro_rows, 1 << 20)[0]]
         # in a thread, so that the event loop keeps feeding the engine meanwhile (--overlap)
-        old = await asyncio.to_thread(worker.logprobs, micros, 1.0)
+        old = [] if args.no_recompute else await asyncio.to_thread(worker.logprobs, micros, 1.0)
         await asyncio.to_thread(synchronize)
         s2 = time.perf_counter()
 
-        for mb, logp in zip(micros, old, strict=True):
+        for mb, logp in zip(micros, old, strict=True) if old else ():  # none with --no-recompute
             mb["extra"] = {"logp_old": logp}
-        out = await asyncio.to_thread(worker.train_step, micros, {"num_tokens": int(exp.action_mask.sum())}, LOSS)
+        num_tokens = int(exp.action_mask.sum())
+        out = await asyncio.to_thread(worker.train_step, micros, {"num_tokens": num_tokens}, LOSS)
         await asyncio.to_thread(synchronize)
         s3 = time.perf_counter()
         if args.overlap:
@@ -185,10 +192,13 @@ async def main_async(args: argparse.Namespace) -> None:
         last = dict(engine.last_sync)
 
         stale = await sync(check=True)
-        mismatch = {k: float(v) for k, v in mismatch_metrics(
-            torch.cat([lp[mb["action_mask"]] for lp, mb in zip(old, micros, strict=True)]),
-            torch.cat([mb["rollout_logp"][mb["action_mask"]] for mb in micros]),
-            torch.ones(int(exp.action_mask.sum()), dtype=torch.bool)).items()}
+        if args.no_recompute:  # train_step's token-weighted sums of the metrics its loss computed
+            mismatch = {k: v / num_tokens for k, v in out["weighted"].items() if k.startswith("mismatch/")}
+        else:
+            mismatch = {k: float(v) for k, v in mismatch_metrics(
+                torch.cat([lp[mb["action_mask"]] for lp, mb in zip(old, micros, strict=True)]),
+                torch.cat([mb["rollout_logp"][mb["action_mask"]] for mb in micros]),
+                torch.ones(num_tokens, dtype=torch.bool)).items()}
         generated = gens
         if args.overlap:
             generated, generation_s = pending.result()  # the batch generated during this step
@@ -196,13 +206,14 @@ async def main_async(args: argparse.Namespace) -> None:
         train_flops = model_flops(cfg, lengths, matmul_params, passes=3)
         result = {
             "step": step, "sequences": len(rows), "generated_tokens": gen_tokens, "total_tokens": sum(lengths),
-            "overlap": args.overlap,
+            "overlap": args.overlap, "engines": args.engines, "recompute": not args.no_recompute,
             "step_s": s4 - s0, "generation_s": generation_s, "logprob_s": s2 - s1, "training_s": s3 - s2,
             "wait_generation_s": s3b - s3, "weight_sync_s": s4 - s3b, "sync_wait_s": last["wait_s"],
             "sync_copy_s": last["copy_s"], "sync_bytes": last["bytes"], "sync_buckets": last["buckets"],
             "generation_tok_per_s": sum(len(g.token_ids) for g in generated) / generation_s,
             "training_tflops": train_flops / (s3 - s2) / 1e12, "training_mfu": train_flops / (s3 - s2) / PEAK_FLOPS,
-            "logprob_mfu": model_flops(cfg, lengths, matmul_params, passes=1) / (s2 - s1) / PEAK_FLOPS,
+            "logprob_mfu": 0.0 if args.no_recompute else
+            model_flops(cfg, lengths, matmul_params, passes=1) / (s2 - s1) / PEAK_FLOPS,
             "stale_after_sync": stale, "grad_norm": out["grad_norm"], "loss": out["loss"],
             "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0, **mismatch,
         }
@@ -231,6 +242,10 @@ def main() -> None:
     add_workload_args(parser)
     parser.add_argument("--sync-reps", type=int, default=5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
+    parser.add_argument("--max-num-seqs", type=int, default=1024, help="per engine")
+    parser.add_argument("--engines", type=int, default=1, help="vLLM engines sharing the GPU (--vllm.num_engines)")
+    parser.add_argument("--no-recompute", action="store_true",
+                        help="pi_old from the training forward, as the trainer does when one step takes the batch")
     parser.add_argument("--overlap", action="store_true",
                         help="generate step k+1 while step k trains, the trainer's default --train.async_queue_size 1")
     asyncio.run(main_async(parser.parse_args()))

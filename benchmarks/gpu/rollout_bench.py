@@ -5,7 +5,8 @@
 Every request goes through the ``Engine`` protocol (``await engine.generate(ids, SamplingParams)``), all N issued
 at once with asyncio; temperature 1, no stop tokens (every response is exactly T tokens), a seed per request (vLLM).
 Output tok/s = N x T / wall time of the batch (prefill included). Two repetitions after a warm-up; best reported.
-``--engines K`` (vLLM): K engines share the GPU, each with 1/K of the memory, requests dealt in turn.
+``--engines K`` (vLLM): ``--vllm.num_engines K``, K engines share the GPU, each with 1/K of the memory; a request
+goes to the engine with the fewest in flight.
 ``--profile DIR`` (vLLM): then one more batch of the first N with vLLM's torch profiler on 32 decode steps (after
 8 steps); the engine writes its per-kernel CUDA time table under DIR, and the step's wall time is printed beside it.
 """
@@ -36,6 +37,32 @@ async def run_batch(engine, prompts: list[list[int]], new_tokens: int, seeded: b
     return wall, tokens
 
 
+async def ab_logprobs(engine, prompts: list[list[int]], args: argparse.Namespace) -> None:
+    """Batches with vLLM's sampled-token log-probs (the engine's requests) and without (the same requests straight
+    to vLLM with ``logprobs=None``), alternating: what returning log-probs costs per decode step."""
+    from vllm import SamplingParams as VSamplingParams
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+
+    from molt_train.engines.vllm import sampling_kwargs
+
+    async def bare(i: int, prompt: list[int]) -> int:
+        kw = sampling_kwargs(SamplingParams(temperature=1.0, max_tokens=args.new_tokens, stop_token_ids=[], seed=i), [])
+        request = VSamplingParams(**{**kw, "logprobs": None}, output_kind=RequestOutputKind.FINAL_ONLY)
+        async for out in engine.llms[0].generate(TokensPrompt(prompt_token_ids=prompt), request, f"ab-{i}-{time.time()}"):
+            final = out
+        assert final.outputs[0].logprobs is None
+        return len(final.outputs[0].token_ids)
+
+    for rep in range(args.reps):
+        wall, tokens = await run_batch(engine, prompts, args.new_tokens, seeded=True)
+        start = time.perf_counter()
+        bare_tokens = sum(await asyncio.gather(*[bare(i, p) for i, p in enumerate(prompts)]))
+        bare_wall = time.perf_counter() - start
+        print(f"ab {rep}: with log-probs {tokens / wall:.0f} tok/s, without {bare_tokens / bare_wall:.0f} tok/s",
+              flush=True)
+
+
 async def bench(engine, name: str, args: argparse.Namespace, vocab: int) -> None:
     # seeded requests on the hf engine fail on CUDA (it draws with a CPU torch.Generator): unseeded there
     seeded = args.engine == "vllm"
@@ -55,12 +82,14 @@ async def bench(engine, name: str, args: argparse.Namespace, vocab: int) -> None
                {"engine": args.engine, "engines": args.engines, "concurrency": n, "new_tokens": new_tokens,
                 "prompt_len": args.prompt_len, "wall_s": [r[0] for r in runs], "tok_per_s": best[1] / best[0],
                 "model": args.model})
+    if args.ab_logprobs:
+        await ab_logprobs(engine, random_prompts(args.concurrency[0], args.prompt_len, vocab, seed=1), args)
     if args.profile:
         n, steps = args.concurrency[0], 32
         prompts = random_prompts(n, args.prompt_len, vocab, seed=n)
-        await engine.llm.start_profile()
+        await engine.llms[0].start_profile()
         wall, tokens = await run_batch(engine, prompts, 8 + steps + 8, seeded)
-        await engine.llm.stop_profile()
+        await engine.llms[0].stop_profile()
         print(f"profiled: N={n}, {8 + steps + 8} new tokens in {wall:.2f}s ({wall / (16 + steps) * 1e3:.1f} ms per "
               f"step, prefill included); CUDA time per kernel: {args.profile}", flush=True)
 
@@ -76,7 +105,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=2)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--eager", action="store_true")
-    parser.add_argument("--engines", type=int, default=1, help="vLLM engines sharing the GPU (requests alternate)")
+    parser.add_argument("--max-num-seqs", type=int, default=1024, help="per engine")
+    parser.add_argument("--engines", type=int, default=1, help="vLLM engines sharing the GPU (--vllm.num_engines)")
+    parser.add_argument("--ab-logprobs", action="store_true", help="then batches with and without log-probs (vLLM)")
     parser.add_argument("--profile", default="", help="directory for vLLM's profiler output (vLLM only)")
     args = parser.parse_args()
     if args.profile and args.engines > 1:
@@ -105,27 +136,15 @@ def main() -> None:
                 "torch_profiler_with_stack": False, "delay_iterations": 8, "max_iterations": 32}}
 
     options = Options(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.eager,
-                      max_model_len=1024, max_num_seqs=1024, max_num_batched_tokens=16384)
-
-    class Spread:
-        """``--engines K``: K engines on the one GPU (each its own engine-core process), requests dealt in turn."""
-
-        def __init__(self, engines: list) -> None:
-            self.engines, self.turn = engines, 0
-            self.llm = engines[0].llm
-
-        async def generate(self, *a, **kw):
-            self.turn += 1
-            return await self.engines[self.turn % len(self.engines)].generate(*a, **kw)
+                      max_model_len=1024, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=16384,
+                      num_engines=args.engines)
 
     async def go() -> None:
-        if args.engines > 1:
-            options.gpu_memory_utilization /= args.engines
-        engines = [VLLMEngine(args.model, options) for _ in range(args.engines)]
+        engine = VLLMEngine(args.model, options)
         print(f"vllm engine(s) up in {time.perf_counter() - start:.1f}s (eager={args.eager}, {args.engines})", flush=True)
-        await bench(engines[0] if args.engines == 1 else Spread(engines), f"vllm x{args.engines}", args, vocab)
-        for engine in engines:
-            engine.shutdown()
+        await bench(engine, f"vllm x{args.engines}", args, vocab)
+        print(f"requests per engine: {engine.stats['requests_per_engine']}", flush=True)
+        engine.shutdown()
 
     asyncio.run(go())
 

@@ -17,6 +17,10 @@
 #   (GPU 1). Then stage2, and e with GRPO_FLAGS="--compile --overlap --steps 4" GRPO_FLAGS2="--compile --steps 4"
 #   SKIP_NCCL=1 (ours overlapped, then in series, beside TRL; PROFILE_ROLLOUT=1: then vLLM's profile of 32 decode
 #   steps on GPU 0), and c with CLI_K=two_way (runs test_gpu_vllm.py first)
+# On one nvidia-h200 (sixth session: engines sharing the GPU), back-to-back calls:
+#   one1 [.stage-vllm/p1]: models | one2 [.stage-vllm/p2 .stage-gpu/t] (source .stage-vllm/p2/install.sh first):
+#   rollout 256 x 512 with 1, 2 and 4 engines, TRL's wheels | one3 (source /tmp/stg/install.sh first): our overlapped
+#   step with the best engine count, then TRL's step, in one command | one4: the vLLM GPU tests, our steps in series
 # Logs and RESULT json files go to $OUT. Every phase has its own time limit, so one failure does not stop the rest.
 set -u
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1
@@ -99,6 +103,40 @@ e)  # side by side: TRL's GRPOTrainer on GPU 0, ours (the trainer's PolicyWorker
   wait
   [ "${SKIP_NCCL:-}" ] || phase nccl_17b 120 env CUDA_VISIBLE_DEVICES=1 python3 benchmarks/gpu/nccl_sync_bench.py --model $M17 --tag 1.7b \
     --trainer-gpu 0
+  ;;
+one1)
+  mkdir -p /tmp/stg && cp .stage-vllm/p1/* /tmp/stg/
+  for m in "$M06 0.6b" "$M06T tiny"; do set -- $m; python3 benchmarks/gpu/shapes.py $1 $2; done
+  ;;
+one2)  # run as: source .stage-vllm/p2/install.sh && bash benchmarks/gpu/run_h200.sh one2
+  cp .stage-vllm/p2/install.sh /tmp/stg/install.sh
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site_trl .stage-gpu/t/*.whl
+  for k in 1 2 4; do
+    phase rollout_x$k 200 python3 benchmarks/gpu/rollout_bench.py --engine vllm --model $M06 --concurrency 256 \
+      --new-tokens 512 --reps 3 --max-num-seqs 256 --engines $k
+    grep -h "^vllm x$k" "$OUT/rollout_x$k.log" | sed -E 's/.* = ([0-9]+) tok\/s/\1/' | sort -n | tail -1 \
+      | sed "s/$/ $k/" >> /tmp/best_engines
+  done
+  sort -n /tmp/best_engines | tail -1
+  ;;
+one3)  # run as: source /tmp/stg/install.sh && bash benchmarks/gpu/run_h200.sh one3
+  K=${ENGINES:-$(sort -n /tmp/best_engines | tail -1 | cut -d' ' -f2)}
+  phase grpo_overlap_x$K 300 python3 benchmarks/gpu/grpo_step_bench.py --model $M06 --tag overlap_x$K --compile \
+    --overlap --no-recompute --steps 4 --sync-reps 2 --max-num-seqs 256 --engines $K
+  phase trl_06b 280 env PYTHONPATH=$PYTHONPATH:/tmp/site_trl python3 benchmarks/gpu/trl_step_bench.py --model $M06
+  ;;
+one4)  # run as: source /tmp/stg/install.sh && bash benchmarks/gpu/run_h200.sh one4
+  K=${ENGINES:-$(sort -n /tmp/best_engines | tail -1 | cut -d' ' -f2)}
+  phase gpu_tests 300 python3 -m pytest -q -p no:cacheprovider tests/molt_train/test_gpu_vllm.py
+  phase grpo_series_x$K 250 python3 benchmarks/gpu/grpo_step_bench.py --model $M06 --tag series_x$K --compile \
+    --no-recompute --steps 3 --sync-reps 2 --max-num-seqs 256 --engines $K
+  ;;
+one5)  # run as: source .stage-vllm/p2/install.sh && bash benchmarks/gpu/run_h200.sh one5: log-probs on/off, both runners
+  cp .stage-vllm/p2/install.sh /tmp/stg/install.sh
+  R="python3 benchmarks/gpu/rollout_bench.py --engine vllm --model $M06 --concurrency 256 --new-tokens 512 --reps 2 \
+    --max-num-seqs 256 --ab-logprobs"
+  phase runner_v2 170 $R
+  phase runner_v1 170 env VLLM_USE_V2_MODEL_RUNNER=0 $R
   ;;
 hf)  # needs no vLLM: runs while the bundle's first part is copied
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu/shapes.py $M06 0.6b

@@ -15,6 +15,11 @@
 - Partial rollout: a sync while requests are in flight pauses the engine (``mode="keep"``), loads, and resumes;
   those requests continue on the new weights (``Generation.extra["weight_versions"]`` tells the trainer which
   requests straddled a sync). Sleep/wake (``--vllm.enable_sleep``) frees the engine's memory for training.
+- ``--vllm.num_engines N`` on one GPU: N vLLM engine processes share it, each with 1/N of
+  ``gpu_memory_utilization``; a request goes to the engine with the fewest in flight, and every sync, pause, check
+  and sleep reaches all of them. vLLM's per-request host work (scheduling, inputs, outputs) bounds a small model's
+  decode step; N processes do that work in parallel (``benchmarks/README.md``, 256 sequences of a 0.6B model:
+  1.07-1.4x with 2 engines, slower with 4, where GPU time-slicing between the processes costs more).
 
 vLLM is optional: importing this module never imports it (only starting an engine does).
 """
@@ -84,13 +89,13 @@ class VLLMOptions:
         return self.bucket_mb << 20
 
     def engine_kwargs(self, model: str) -> dict[str, Any]:
-        """Keyword arguments of ``vllm.AsyncEngineArgs``."""
+        """Keyword arguments of ``vllm.AsyncEngineArgs``, for each of the ``num_engines`` engines."""
         kwargs: dict[str, Any] = {
             "model": model,
             "dtype": self.dtype,
             "tensor_parallel_size": self.tensor_parallel_size,
             "data_parallel_size": self.data_parallel_size,
-            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "gpu_memory_utilization": self.gpu_memory_utilization / self.num_engines,  # each engine's share
             "enforce_eager": self.enforce_eager,
             "enable_prefix_caching": self.enable_prefix_caching,
             "enable_sleep_mode": self.enable_sleep,
@@ -113,7 +118,8 @@ class VLLMOptions:
 
 # (flag, type, default, help) rows in the format of molt_train.config's flag tables
 VLLM_FLAGS: list[tuple[str, Any, Any, str]] = [
-    ("--vllm.num_engines", int, 1, "vLLM engines (each on GPUs of its own unless --train.colocate_all)"),
+    ("--vllm.num_engines", int, 1, "vLLM engines; with --train.colocate_all all share the one GPU (requests go to "
+                                    "the least busy, gpu_memory_utilization is split between them)"),
     ("--vllm.tensor_parallel_size", int, 1, "tensor-parallel GPUs per vLLM engine"),
     ("--vllm.data_parallel_size", int, 1, "data-parallel vLLM replicas (single node)"),
     ("--vllm.gpu_memory_utilization", float, 0.35, "fraction of GPU memory vLLM takes (weights + KV cache)"),
@@ -192,7 +198,10 @@ def eos_token_ids(model_path: str, tokenizer: Any) -> list[int]:
 
 
 class VLLMEngine:
-    """Construct once (blocks while vLLM starts, about a minute compiled); then use from one event loop."""
+    """Construct once (blocks while vLLM starts, about a minute compiled, per engine); then use from one event loop.
+
+    ``options.num_engines`` engines start one after another on this process's GPU (vLLM sizes its KV cache from
+    the memory free when it starts), each with ``gpu_memory_utilization / num_engines``."""
 
     def __init__(self, model_path: str, options: VLLMOptions | None = None, *, tokenizer: Any = None) -> None:
         try:
@@ -208,12 +217,19 @@ class VLLMEngine:
         self.stop_token_ids = eos_token_ids(model_path, self.tokenizer)
         # a forked engine process cannot use CUDA once this process has (a colocated trainer always has)
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
-        self.llm = AsyncLLM.from_engine_args(AsyncEngineArgs(**self.options.engine_kwargs(model_path)))
+        n = self.options.num_engines
+        self.llms = []
+        try:
+            for _ in range(n):
+                self.llms.append(AsyncLLM.from_engine_args(AsyncEngineArgs(**self.options.engine_kwargs(model_path))))
+        except BaseException:
+            self.shutdown()  # the engines already up would otherwise hold their GPU memory until this process exits
+            raise
         self.weight_version = 0
-        self.stats = {"requests": 0, "generated_tokens": 0, "syncs": 0}
+        self.stats = {"requests": 0, "generated_tokens": 0, "syncs": 0, "requests_per_engine": [0] * n}
         self.last_sync: dict[str, float] = {"wait_s": 0.0, "copy_s": 0.0, "bytes": 0, "buckets": 0}
         self._ids = itertools.count()
-        self._inflight = 0
+        self._inflight = [0] * n  # requests in flight per engine
         self._open: asyncio.Event | None = None  # cleared while a sync owns the engine
         self._sync_lock: asyncio.Lock | None = None
 
@@ -232,14 +248,16 @@ class VLLMEngine:
         await self._gate().wait()
         request = VSamplingParams(**sampling_kwargs(params, self.stop_token_ids), output_kind=RequestOutputKind.FINAL_ONLY)
         version = self.weight_version
-        self._inflight += 1
+        index = min(range(len(self.llms)), key=self._inflight.__getitem__)
+        self._inflight[index] += 1
+        self.stats["requests_per_engine"][index] += 1
         try:
             final = None
-            async for output in self.llm.generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), request,
-                                                  f"molt-{next(self._ids)}"):
+            async for output in self.llms[index].generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), request,
+                                                          f"molt-{next(self._ids)}"):
                 final = output  # FINAL_ONLY: one output, when the request is done
         finally:
-            self._inflight -= 1
+            self._inflight[index] -= 1
         if final is None:
             raise RuntimeError("vLLM ended the request without an output (engine shut down or request aborted)")
         completion = final.outputs[0]
@@ -277,8 +295,11 @@ class VLLMEngine:
         return await self._exclusive_sync(load)
 
     async def init_weight_group(self, host: str, port: int, world_size: int) -> list[int]:
-        """Join the NCCL group whose rank 0 is the trainer (``NcclWeightSender``, created concurrently)."""
-        return await self.llm.collective_rpc("molt_init_nccl", args=(host, port, 1, world_size))
+        """Join the NCCL group whose rank 0 is the trainer (``NcclWeightSender``, created concurrently): engine i's
+        single worker is rank 1 + i, so ``world_size`` = 1 + num_engines."""
+        ranks = await asyncio.gather(*(llm.collective_rpc("molt_init_nccl", args=(host, port, 1 + i, world_size))
+                                       for i, llm in enumerate(self.llms)))
+        return [rank for engine in ranks for rank in engine]
 
     async def receive_broadcast(self, plan: Sequence[tuple[bytes, int]]) -> int:
         """Receive the buckets of ``NcclWeightSender.plan`` while the trainer broadcasts them, one RPC each."""
@@ -292,7 +313,8 @@ class VLLMEngine:
     async def check_weight_update_equal(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | None = None, *,
                                         plan: Sequence[tuple[bytes, int]] | None = None) -> list[str]:
         """Names of vLLM parameters whose current value differs (bitwise) from the trainer's, as
-        ``"stale: <name>"``, or that no trainer tensor reaches, as ``"uncovered: <name>"``. Empty = in sync.
+        ``"stale: <name>"``, or that no trainer tensor reaches, as ``"uncovered: <name>"``, in any of the engines
+        (each named once). Empty = in sync.
 
         The trainer's weights come again the way the sync brought them: ``named_tensors`` (CUDA IPC, this GPU) or
         ``plan`` (NCCL: the trainer's ``NcclWeightSender.send`` must run concurrently). Costs one more load plus a
@@ -303,7 +325,7 @@ class VLLMEngine:
         found: list[str] = []
 
         async def check() -> tuple[int, int]:
-            await self.llm.collective_rpc("molt_begin_check")
+            await self._rpc("molt_begin_check")
             try:
                 if plan is not None:
                     for metas, nbytes in plan:
@@ -314,7 +336,7 @@ class VLLMEngine:
                         del bucket
                     torch.cuda.ipc_collect()
             finally:
-                reports = await self.llm.collective_rpc("molt_end_check")
+                reports = await self._rpc("molt_end_check")
             found.extend(sorted({f"{kind}: {name}" for r in reports for kind in ("stale", "uncovered")
                                  for name in r[kind]}))
             return 0, 0
@@ -327,24 +349,25 @@ class VLLMEngine:
     # -- pause / sleep --
     async def pause(self) -> None:
         """Freeze generation; requests in flight keep their KV cache and resume on ``resume``."""
-        await self.llm.pause_generation(mode="keep", clear_cache=False)
+        await asyncio.gather(*(llm.pause_generation(mode="keep", clear_cache=False) for llm in self.llms))
 
     async def resume(self) -> None:
         if self.options.enable_prefix_caching:  # cached prefixes were computed with the old weights
-            await self.llm.reset_prefix_cache(reset_running_requests=True)
-        await self.llm.resume_generation()
+            await asyncio.gather(*(llm.reset_prefix_cache(reset_running_requests=True) for llm in self.llms))
+        await asyncio.gather(*(llm.resume_generation() for llm in self.llms))
 
     async def sleep(self, level: int = 1) -> None:
-        """Free the engine's GPU memory (level 1: weights to CPU, KV cache dropped); needs --vllm.enable_sleep."""
+        """Free the engines' GPU memory (level 1: weights to CPU, KV cache dropped); needs --vllm.enable_sleep."""
         if not self.options.enable_sleep:
             raise RuntimeError("sleep needs an engine started with --vllm.enable_sleep")
-        await self.llm.sleep(level)
+        await asyncio.gather(*(llm.sleep(level) for llm in self.llms))
 
     async def wake_up(self) -> None:
-        await self.llm.wake_up()
+        await asyncio.gather(*(llm.wake_up() for llm in self.llms))
 
     def shutdown(self) -> None:
-        self.llm.shutdown()
+        for llm in self.llms:
+            llm.shutdown()
 
     # -- internals --
     def _gate(self) -> asyncio.Event:
@@ -354,8 +377,10 @@ class VLLMEngine:
             self._sync_lock = asyncio.Lock()
         return self._open
 
-    async def _rpc(self, method: str, *args: Any) -> Any:
-        return await self.llm.collective_rpc(method, args=args)
+    async def _rpc(self, method: str, *args: Any) -> list[Any]:
+        """``method`` on every engine's worker at once; their answers in engine order."""
+        answers = await asyncio.gather(*(llm.collective_rpc(method, args=args) for llm in self.llms))
+        return [answer for engine in answers for answer in engine]
 
     async def _exclusive_sync(self, body: Callable[[], Awaitable[tuple[int, int]]], bump: bool = True) -> int:
         """Run ``body`` with no decode step in between: new requests wait at the gate; requests in flight are
@@ -364,7 +389,7 @@ class VLLMEngine:
         async with self._sync_lock:
             start = time.perf_counter()
             gate.clear()
-            paused = self._inflight > 0
+            paused = sum(self._inflight) > 0
             try:
                 if paused:
                     await self.pause()

@@ -1,7 +1,8 @@
 """The vLLM engine on a real GPU, colocated with a torch policy on the same device (run on the H200; skipped
 without CUDA or vLLM): three GRPO steps with a weight-sync equality check after each, mismatch metrics bounded in
 sync mode, the check catching a stale parameter, partial rollout across a sync, and a trainer checkpoint loading
-in vLLM (with sleep/wake keeping the weights)."""
+in vLLM (with sleep/wake keeping the weights). The first three also with two engines sharing the GPU
+(``--vllm.num_engines 2``): requests dealt to both, every sync, check and pause reaching both."""
 
 from __future__ import annotations
 
@@ -29,15 +30,16 @@ from molt_train.policy_worker import LogProbModel  # noqa: E402
 TEXTS = [f"what is {a} plus {b}? the answer is {a + b}." for a in range(40) for b in range(40)]
 
 
-@pytest.fixture(scope="module")
-def colocated(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["one_engine", "two_engines"])
+def colocated(request, tmp_path_factory):
     tok = train_tokenizer(TEXTS, vocab_size=1024)
     model = build_tiny_model(tok, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512)
     path = str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny")))
     loop = asyncio.new_event_loop()
 
     async def start() -> VLLMEngine:
-        return VLLMEngine(path, VLLMOptions(gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=512))
+        return VLLMEngine(path, VLLMOptions(gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=512,
+                                            num_engines=request.param))
 
     engine = loop.run_until_complete(start())
     policy = model.cuda()
@@ -110,6 +112,8 @@ def test_three_colocated_steps_sync_equal_and_mismatch_bounded(colocated):
         assert loop.run_until_complete(engine.check_weight_update_equal(weights(policy))) == [], f"step {step}"
     assert any(not torch.equal(before[n], t) for n, t in weights(policy)), "training changed no weight"
     assert engine.weight_version >= 3
+    served = engine.stats["requests_per_engine"]
+    assert len(served) == engine.options.num_engines and min(served) >= 16, served  # 48 requests, dealt to all
 
 
 def test_check_names_a_parameter_the_sync_left_stale(colocated):
@@ -136,7 +140,10 @@ def test_partial_rollout_requests_continue_across_a_sync(colocated):
         sync = dict(engine.last_sync)
         return await asyncio.gather(*tasks), sync
 
+    served = list(engine.stats["requests_per_engine"])
     gens, sync = loop.run_until_complete(scenario())
+    in_flight = [b - a for a, b in zip(served, engine.stats["requests_per_engine"], strict=True)]
+    assert in_flight == [16 // len(served)] * len(served), in_flight  # every engine had requests to pause
     assert sync["paused"] == 1.0, "requests were in flight: the sync must pause them"
     assert all(len(g.token_ids) == 400 and len(g.log_probs) == 400 for g in gens)
     assert any(g.extra["weight_versions"][0] != g.extra["weight_versions"][1] for g in gens)
@@ -144,7 +151,9 @@ def test_partial_rollout_requests_continue_across_a_sync(colocated):
 
 
 def test_trainer_checkpoint_loads_in_vllm_and_survives_sleep_wake(colocated, tmp_path):
-    loop, _, policy, tok, _ = colocated
+    loop, engine, policy, tok, _ = colocated
+    if engine.options.num_engines > 1:
+        pytest.skip("starts an engine of its own")
     save_tiny(policy, tok, tmp_path)  # the trainer's HF export format
 
     async def scenario():

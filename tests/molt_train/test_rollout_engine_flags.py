@@ -69,9 +69,16 @@ def test_disaggregated_placement_parses(monkeypatch):
     assert two_way.train.colocate_all and two_way.actor.num_workers == 2
 
 
+def test_engines_sharing_the_colocated_gpu_parse(monkeypatch):
+    """Two engine processes on the trainer's GPU, the memory fraction split between them."""
+    importable(monkeypatch, "vllm")
+    options = vllm_options(parse("rl", BASE + VLLM + ["--vllm.num_engines", "2"]))
+    assert options.num_engines == 2 and options.engine_kwargs("m")["gpu_memory_utilization"] == 0.175
+
+
 REFUSED = [
     (VLLM + ["--vllm.tensor_parallel_size", "2"], "--vllm.tensor_parallel_size 1"),
-    (VLLM[:2] + ["--vllm.num_engines", "2"], "--vllm.num_engines 1"),
+    (VLLM[:2] + ["--vllm.num_engines", "2"], "--vllm.num_engines 2 puts that many engines on the one GPU"),
     (VLLM[:2] + ["--vllm.enable_sleep", "--train.force_sync_mode"], "on a GPU of its own"),
     (["--actor.num_gpus_per_node", "2", "--actor.num_workers", "3"], "contradicts --actor.num_workers 3"),
     (VLLM + ["--vllm.gpu_memory_utilization", "1.5"], "--vllm.gpu_memory_utilization must be in (0, 1]"),
