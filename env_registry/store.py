@@ -121,6 +121,7 @@ def _check_owner(package: str, owner: str | None, publisher: str) -> None:
         raise Forbidden(f"package {package!r} belongs to publisher {owner!r}, not {publisher!r}; "
                         "publish it with one of their tokens, or choose another package name")
 
+
 class LocalRegistry:
     """The registry under ``root`` (created on first use). ``label``: how error messages name it (a server passes
     one, so that its clients never see its file system paths)."""

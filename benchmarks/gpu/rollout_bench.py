@@ -127,6 +127,7 @@ def main() -> None:
     from molt_train.engines.vllm import VLLMEngine, VLLMOptions
 
     start = time.perf_counter()
+
     class Options(VLLMOptions):
         def engine_kwargs(self, model: str) -> dict:
             if not args.profile:

@@ -273,5 +273,6 @@ def main() -> None:
     # can hang (above all after a failure half-way through building them).
     os._exit(1 if "error" in result else 0)
 
+
 if __name__ == "__main__":
     main()

@@ -119,7 +119,6 @@ async def test_persistent_repl_session():
         assert r.stdout == "None\n"
 
 
-
 OPEN_FDS = "import os\nfds = []\nfor fd in range(256):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n" \
            "    except OSError:\n        pass\nprint(fds)"
 
@@ -166,6 +165,7 @@ print('planted')
         assert (r.status, r.stdout) == ("error", "7\n"), r
         await sb.upload("sub/ok.txt", b"fine")  # a plain path still works
         assert await sb.download("sub/ok.txt") == b"fine"
+
 
 async def test_back_pressure_queues_callers(provider):
     options = {"actors": 2, "workers_per_actor": 1} if provider == "ray" else {"workers": 2}

@@ -227,7 +227,6 @@ print(sorted(os.listdir(".")), sorted(os.listdir("/tmp")), sorted(os.listdir("/d
             assert r.status == "ok" and "secret" not in r.stdout and "deep" not in r.stdout, r.stdout
 
 
-
 async def test_nothing_on_the_jails_own_mounts_carries_over(provider):
     """Objects that outlive a process: SysV IPC (refused), and the mode and xattrs of the scratch mounts and of
     the root, which the jail's uid owns in the local tier (restored by the wipe; the root is read-only)."""
