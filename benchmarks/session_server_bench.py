@@ -54,7 +54,7 @@ def _serve(conn, engine_s: float) -> None:
         async def generate(self, prompt_ids, params, images=None):
             if engine_s:
                 await asyncio.sleep(engine_s)
-            ids = reply_ids[:params.max_tokens]
+            ids = reply_ids[: params.max_tokens]
             return Generation(ids, [-0.5] * len(ids), "stop" if ids[-1] == tokenizer.eos_token_id else "length")
 
     async def main():
@@ -95,7 +95,9 @@ def _cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _drive(url: str, sessions: int, turns: int, wire: str, system_chars: int) -> tuple[float, list[tuple[float, float]]]:
+def _drive(
+    url: str, sessions: int, turns: int, wire: str, system_chars: int
+) -> tuple[float, list[tuple[float, float]]]:
     """One load-generating process: ``sessions`` concurrent conversations; returns its wall seconds and
     (client ms, handler ms) per call."""
     import httpx
@@ -122,9 +124,17 @@ def _level(pool, url: str, pid: int, sessions: int, turns: int, wire: str, clien
     sink = [sample for _, part in parts for sample in part]
     client = [c for c, _ in sink]
     handler = [h for _, h in sink]
-    return {"wire": wire, "sessions": sessions, "calls": len(sink), "handler_p50_ms": _pct(handler, 50),
-            "handler_p99_ms": _pct(handler, 99), "client_p50_ms": _pct(client, 50), "client_p99_ms": _pct(client, 99),
-            "calls_per_s": len(sink) / wall, "server_cpu_ms_per_call": server_cpu * 1000 / len(sink)}
+    return {
+        "wire": wire,
+        "sessions": sessions,
+        "calls": len(sink),
+        "handler_p50_ms": _pct(handler, 50),
+        "handler_p99_ms": _pct(handler, 99),
+        "client_p50_ms": _pct(client, 50),
+        "client_p99_ms": _pct(client, 99),
+        "calls_per_s": len(sink) / wall,
+        "server_cpu_ms_per_call": server_cpu * 1000 / len(sink),
+    }
 
 
 def main() -> int:
@@ -132,12 +142,21 @@ def main() -> int:
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--turns", type=int, default=6, help="calls per session (each extends the conversation)")
     parser.add_argument("--wire", choices=["openai", "anthropic"], nargs="+", default=["openai", "anthropic"])
-    parser.add_argument("--clients", type=int, default=4, help="load-generating processes (one is the bottleneck "
-                        "at 100 sessions)")
-    parser.add_argument("--engine-ms", type=float, default=0.0, help="simulated generation time per call (no CPU); "
-                        "0 saturates the server, so p50s then measure queueing")
-    parser.add_argument("--system-chars", type=int, default=0, help="prepend a system message this long (over "
-                        "INLINE_MAX_CHARS, the tokenizer work goes to the pool)")
+    parser.add_argument(
+        "--clients", type=int, default=4, help="load-generating processes (one is the bottleneck at 100 sessions)"
+    )
+    parser.add_argument(
+        "--engine-ms",
+        type=float,
+        default=0.0,
+        help="simulated generation time per call (no CPU); 0 saturates the server, so p50s then measure queueing",
+    )
+    parser.add_argument(
+        "--system-chars",
+        type=int,
+        default=0,
+        help="prepend a system message this long (over INLINE_MAX_CHARS, the tokenizer work goes to the pool)",
+    )
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     parent, child = mp.get_context("spawn").Pipe()
@@ -146,22 +165,29 @@ def main() -> int:
     url = parent.recv()
     try:
         with mp.get_context("spawn").Pool(args.clients) as pool:
-            rows = [_level(pool, url, server.pid, n, args.turns, wire, args.clients, args.system_chars)
-                    for wire in args.wire for n in args.levels]
+            rows = [
+                _level(pool, url, server.pid, n, args.turns, wire, args.clients, args.system_chars)
+                for wire in args.wire
+                for n in args.levels
+            ]
     finally:
         server.kill()
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    print(f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
-          f"{args.clients} client processes, {args.turns} calls per session, engine {args.engine_ms:g} ms per call, "
-          f"system prompt {args.system_chars} chars")
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
+        f"{args.clients} client processes, {args.turns} calls per session, engine {args.engine_ms:g} ms per call, "
+        f"system prompt {args.system_chars} chars"
+    )
     print("| wire | sessions | calls | server CPU ms/call | handler p50 / p99 (ms) | client p50 / p99 (ms) | calls/s |")
     print("|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['wire']} | {r['sessions']} | {r['calls']} | {r['server_cpu_ms_per_call']:.2f} "
-              f"| {r['handler_p50_ms']:.2f} / {r['handler_p99_ms']:.2f} "
-              f"| {r['client_p50_ms']:.2f} / {r['client_p99_ms']:.2f} | {r['calls_per_s']:.0f} |")
+        print(
+            f"| {r['wire']} | {r['sessions']} | {r['calls']} | {r['server_cpu_ms_per_call']:.2f} "
+            f"| {r['handler_p50_ms']:.2f} / {r['handler_p99_ms']:.2f} "
+            f"| {r['client_p50_ms']:.2f} / {r['client_p99_ms']:.2f} | {r['calls_per_s']:.0f} |"
+        )
     return 0
 
 

@@ -48,9 +48,24 @@ def build_init(out: Path, threads: int) -> Path:
 
     hf = out / "sft" / "hf"
     if not (hf / "config.json").exists():
-        sft_cli.main(["--env", ENV, "--train.seed", "42", "--ray.num_cpus", str(threads), "--rollout.max_new_tokens",
-                      "5", "--no-logger.progress", "--eval.max_samples", "0", "--ckpt.output_dir", str(out / "sft")]
-                     + SFT_FLAGS)
+        sft_cli.main(
+            [
+                "--env",
+                ENV,
+                "--train.seed",
+                "42",
+                "--ray.num_cpus",
+                str(threads),
+                "--rollout.max_new_tokens",
+                "5",
+                "--no-logger.progress",
+                "--eval.max_samples",
+                "0",
+                "--ckpt.output_dir",
+                str(out / "sft"),
+            ]
+            + SFT_FLAGS
+        )
         _stop_ray()
     return hf
 
@@ -69,18 +84,52 @@ def run_molt(init: Path, args: argparse.Namespace, seed: int, out: Path, test_ro
     # sync: rollout and training take turns, each with every thread; async: they overlap, splitting the threads
     mode = ["--train.async_queue_size", str(args.async_queue)] if args.async_queue else ["--train.force_sync_mode"]
     threads = max(1, args.threads // 2) if args.async_queue else args.threads
-    cfg = parse("rl", [
-        "--env", ENV, "--actor.model_name_or_path", str(init), "--ckpt.output_dir", str(out),
-        "--ray.num_cpus", str(args.threads), "--actor.num_threads", str(threads), "--train.seed", str(seed),
-        "--algo.advantage.estimator", "grpo", "--rollout.batch_size", str(args.prompts_per_step),
-        "--rollout.n_samples_per_prompt", str(args.samples_per_prompt), "--rollout.temperature", "1.0",
-        "--rollout.max_new_tokens", str(args.max_new_tokens), "--train.num_steps", str(args.steps),
-        "--actor.adam.lr", str(args.lr), "--actor.adam.betas", "0.9", "0.999", *mode,
-        # one decode batch and one forward/backward for the whole batch, as TRL does (the defaults decode in
-        # batches of 256 rows and split training into 64-row micro-batches)
-        "--rollout.max_batch_size", str(batch),
-        "--train.micro_batch_size", str(batch), "--train.max_tokens_per_gpu", str(batch * 64),
-        "--eval.max_samples", "0", "--no-logger.progress"])
+    cfg = parse(
+        "rl",
+        [
+            "--env",
+            ENV,
+            "--actor.model_name_or_path",
+            str(init),
+            "--ckpt.output_dir",
+            str(out),
+            "--ray.num_cpus",
+            str(args.threads),
+            "--actor.num_threads",
+            str(threads),
+            "--train.seed",
+            str(seed),
+            "--algo.advantage.estimator",
+            "grpo",
+            "--rollout.batch_size",
+            str(args.prompts_per_step),
+            "--rollout.n_samples_per_prompt",
+            str(args.samples_per_prompt),
+            "--rollout.temperature",
+            "1.0",
+            "--rollout.max_new_tokens",
+            str(args.max_new_tokens),
+            "--train.num_steps",
+            str(args.steps),
+            "--actor.adam.lr",
+            str(args.lr),
+            "--actor.adam.betas",
+            "0.9",
+            "0.999",
+            *mode,
+            # one decode batch and one forward/backward for the whole batch, as TRL does (the defaults decode in
+            # batches of 256 rows and split training into 64-row micro-batches)
+            "--rollout.max_batch_size",
+            str(batch),
+            "--train.micro_batch_size",
+            str(batch),
+            "--train.max_tokens_per_gpu",
+            str(batch * 64),
+            "--eval.max_samples",
+            "0",
+            "--no-logger.progress",
+        ],
+    )
     trainer = RLTrainer(cfg)
     setup = time.perf_counter() - t0
     try:
@@ -95,9 +144,15 @@ def run_molt(init: Path, args: argparse.Namespace, seed: int, out: Path, test_ro
     model = AutoModelForCausalLM.from_pretrained(out / "hf", dtype=torch.float32)
     accuracy = greedy_accuracy(model, AutoTokenizer.from_pretrained(out / "hf"), test_rows, args.max_new_tokens)
     samples = len(records) * args.prompts_per_step * args.samples_per_prompt
-    return {"steps": len(records), "seconds": seconds, "setup_s": setup, "steps_per_s": len(records) / seconds,
-            "samples_per_s": samples / seconds, "accuracy": accuracy,
-            "reward_last5": statistics.mean(r["rollout/reward_mean"] for r in records[-5:])}
+    return {
+        "steps": len(records),
+        "seconds": seconds,
+        "setup_s": setup,
+        "steps_per_s": len(records) / seconds,
+        "samples_per_s": samples / seconds,
+        "accuracy": accuracy,
+        "reward_last5": statistics.mean(r["rollout/reward_mean"] for r in records[-5:]),
+    }
 
 
 def _stop_ray() -> None:
@@ -111,16 +166,25 @@ def _stop_ray() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=40, help="molt optimizer steps (sets the wall budget)")
-    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44, 45, 46],
-                        help="one molt run and one TRL run per seed (molt first; its seconds are TRL's budget)")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[42, 43, 44, 45, 46],
+        help="one molt run and one TRL run per seed (molt first; its seconds are TRL's budget)",
+    )
     parser.add_argument("--prompts_per_step", type=int, default=48)
     parser.add_argument("--samples_per_prompt", type=int, default=8)
     parser.add_argument("--max_new_tokens", type=int, default=5)
     parser.add_argument("--lr", type=float, default=5e-4)
     parser.add_argument("--threads", type=int, default=2, help="CPU threads computing at any moment, each side")
-    parser.add_argument("--async_queue", type=int, default=0,
-                        help="molt: 0 = strictly on-policy (--train.force_sync_mode, like TRL); N = rollout overlaps "
-                             "training, N batches ahead (off-policy by up to N steps)")
+    parser.add_argument(
+        "--async_queue",
+        type=int,
+        default=0,
+        help="molt: 0 = strictly on-policy (--train.force_sync_mode, like TRL); N = rollout overlaps "
+        "training, N batches ahead (off-policy by up to N steps)",
+    )
     parser.add_argument("--eval_rows", type=int, default=512, help="held-out test rows judged")
     parser.add_argument("--out", default="runs/trainer_vs_trl")
     args = parser.parse_args()
@@ -142,50 +206,76 @@ def main() -> int:
     test_rows = env_registry.load_split(spec, "test", args.eval_rows)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    init_acc = greedy_accuracy(AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32),
-                               AutoTokenizer.from_pretrained(init), test_rows, args.max_new_tokens)
-    print(f"start checkpoint {init}: held-out greedy accuracy {init_acc:.1%} on {len(test_rows)} test rows",
-          flush=True)
+    init_acc = greedy_accuracy(
+        AutoModelForCausalLM.from_pretrained(init, dtype=torch.float32),
+        AutoTokenizer.from_pretrained(init),
+        test_rows,
+        args.max_new_tokens,
+    )
+    print(f"start checkpoint {init}: held-out greedy accuracy {init_acc:.1%} on {len(test_rows)} test rows", flush=True)
 
     rows: list[tuple[str, dict[str, float]]] = []
     for seed in args.seeds:
         molt = run_molt(init, args, seed, out / f"molt-{seed}", test_rows)
         rows.append(("molt", molt))
         print(_line(f"seed {seed} molt", molt), flush=True)
-        trl = run_trl(init, train_rows, test_rows, prompts_per_step=args.prompts_per_step,
-                      samples_per_prompt=args.samples_per_prompt, max_new_tokens=args.max_new_tokens, lr=args.lr,
-                      wall_s=molt["seconds"], out_dir=out / f"trl-{seed}", seed=seed, threads=args.threads)
+        trl = run_trl(
+            init,
+            train_rows,
+            test_rows,
+            prompts_per_step=args.prompts_per_step,
+            samples_per_prompt=args.samples_per_prompt,
+            max_new_tokens=args.max_new_tokens,
+            lr=args.lr,
+            wall_s=molt["seconds"],
+            out_dir=out / f"trl-{seed}",
+            seed=seed,
+            threads=args.threads,
+        )
         rows.append(("trl", trl))
         print(_line(f"seed {seed} TRL ", trl), flush=True)
 
-    mean = {side: {k: statistics.mean(m[k] for s, m in rows if s == side) for k in rows[0][1]}
-            for side in ("molt", "trl")}
-    print(f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cores, "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, torch threads {args.threads}")
-    print(f"{ENV}: {args.prompts_per_step} prompts x {args.samples_per_prompt} samples/step, max_new_tokens "
-          f"{args.max_new_tokens}, lr {args.lr}, temperature 1.0, no KL; molt {args.steps} steps/seed, "
-          f"seeds {' '.join(map(str, args.seeds))}, molt {f'async queue {args.async_queue}' if args.async_queue else 'on-policy'}; start accuracy {init_acc:.1%}")
+    mean = {
+        side: {k: statistics.mean(m[k] for s, m in rows if s == side) for k in rows[0][1]} for side in ("molt", "trl")
+    }
+    print(
+        f"\n{datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, {os.cpu_count()} cores, "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}, torch threads {args.threads}"
+    )
+    print(
+        f"{ENV}: {args.prompts_per_step} prompts x {args.samples_per_prompt} samples/step, max_new_tokens "
+        f"{args.max_new_tokens}, lr {args.lr}, temperature 1.0, no KL; molt {args.steps} steps/seed, "
+        f"seeds {' '.join(map(str, args.seeds))}, molt {f'async queue {args.async_queue}' if args.async_queue else 'on-policy'}; start accuracy {init_acc:.1%}"
+    )
     print(f"{'mean':<8}{'steps':>7}{'loop s':>8}{'setup s':>9}{'steps/s':>9}{'samples/s':>11}{'accuracy':>10}")
     for side in ("molt", "trl"):
         m = mean[side]
-        print(f"{side:<8}{m['steps']:>7.1f}{m['seconds']:>8.1f}{m['setup_s']:>9.1f}{m['steps_per_s']:>9.3f}"
-              f"{m['samples_per_s']:>11.1f}{m['accuracy']:>10.1%}")
+        print(
+            f"{side:<8}{m['steps']:>7.1f}{m['seconds']:>8.1f}{m['setup_s']:>9.1f}{m['steps_per_s']:>9.3f}"
+            f"{m['samples_per_s']:>11.1f}{m['accuracy']:>10.1%}"
+        )
     ratios = [a["samples_per_s"] / b["samples_per_s"] for (_, a), (_, b) in zip(rows[::2], rows[1::2], strict=True)]
     ratio = mean["molt"]["samples_per_s"] / mean["trl"]["samples_per_s"]
     gaps = [100 * (a["accuracy"] - b["accuracy"]) for (_, a), (_, b) in zip(rows[::2], rows[1::2], strict=True)]
-    print(f"ratio of mean samples/s molt/TRL: {ratio:.2f}x (per seed: {', '.join(f'{x:.2f}' for x in ratios)}); "
-          f"mean accuracy molt - TRL: {100 * (mean['molt']['accuracy'] - mean['trl']['accuracy']):+.1f} points "
-          f"(per seed: {', '.join(f'{x:+.1f}' for x in gaps)})")
+    print(
+        f"ratio of mean samples/s molt/TRL: {ratio:.2f}x (per seed: {', '.join(f'{x:.2f}' for x in ratios)}); "
+        f"mean accuracy molt - TRL: {100 * (mean['molt']['accuracy'] - mean['trl']['accuracy']):+.1f} points "
+        f"(per seed: {', '.join(f'{x:+.1f}' for x in gaps)})"
+    )
     target = ratio >= 2.0 and mean["molt"]["accuracy"] >= mean["trl"]["accuracy"]
-    print(f"target (>= 2x samples/s at equal or better mean accuracy): {'met' if target else 'NOT met'}; "
-          f"total wall {time.perf_counter() - start:.0f}s")
+    print(
+        f"target (>= 2x samples/s at equal or better mean accuracy): {'met' if target else 'NOT met'}; "
+        f"total wall {time.perf_counter() - start:.0f}s"
+    )
     return 0
 
 
 def _line(name: str, m: dict[str, float]) -> str:
-    return (f"{name}: {m['steps']:.0f} steps in {m['seconds']:.1f}s (+{m['setup_s']:.1f}s setup), "
-            f"{m['steps_per_s']:.3f} steps/s, {m['samples_per_s']:.1f} samples/s, accuracy {m['accuracy']:.1%}, "
-            f"train reward (last 5 steps) {m['reward_last5']:.2f}, 1-min load average {os.getloadavg()[0]:.2f}")
+    return (
+        f"{name}: {m['steps']:.0f} steps in {m['seconds']:.1f}s (+{m['setup_s']:.1f}s setup), "
+        f"{m['steps_per_s']:.3f} steps/s, {m['samples_per_s']:.1f} samples/s, accuracy {m['accuracy']:.1%}, "
+        f"train reward (last 5 steps) {m['reward_last5']:.2f}, 1-min load average {os.getloadavg()[0]:.2f}"
+    )
 
 
 if __name__ == "__main__":

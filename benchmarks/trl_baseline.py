@@ -10,9 +10,20 @@ from typing import Any
 import torch
 
 
-def run_trl(init_dir: Path, train_rows: list[dict], test_rows: list[dict], *, prompts_per_step: int,
-            samples_per_prompt: int, max_new_tokens: int, lr: float, wall_s: float, out_dir: Path,
-            seed: int = 0, threads: int | None = None) -> dict[str, Any]:
+def run_trl(
+    init_dir: Path,
+    train_rows: list[dict],
+    test_rows: list[dict],
+    *,
+    prompts_per_step: int,
+    samples_per_prompt: int,
+    max_new_tokens: int,
+    lr: float,
+    wall_s: float,
+    out_dir: Path,
+    seed: int = 0,
+    threads: int | None = None,
+) -> dict[str, Any]:
     """Train for ``wall_s`` seconds of ``train()`` (stopping after the step that crosses it), save the final model
     to ``out_dir/final`` (inside the timed seconds, as molt's loop includes its final HF export), then judge."""
     from datasets import Dataset
@@ -46,13 +57,28 @@ def run_trl(init_dir: Path, train_rows: list[dict], test_rows: list[dict], *, pr
     clock = WallClock()
     data = Dataset.from_list([{"prompt": r["prompt"], "answer": str(r["label"])} for r in train_rows])
     config = GRPOConfig(
-        output_dir=str(out_dir), use_cpu=True, bf16=False, per_device_train_batch_size=prompts_per_step * samples_per_prompt,
-        num_generations=samples_per_prompt, max_completion_length=max_new_tokens, temperature=1.0, top_p=1.0,
-        learning_rate=lr, beta=0.0, logging_steps=1, report_to="none", save_strategy="no", max_steps=100000,
-        seed=seed, disable_dropout=True, lr_scheduler_type="constant", dataloader_num_workers=0,
+        output_dir=str(out_dir),
+        use_cpu=True,
+        bf16=False,
+        per_device_train_batch_size=prompts_per_step * samples_per_prompt,
+        num_generations=samples_per_prompt,
+        max_completion_length=max_new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        learning_rate=lr,
+        beta=0.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        max_steps=100000,
+        seed=seed,
+        disable_dropout=True,
+        lr_scheduler_type="constant",
+        dataloader_num_workers=0,
     )
-    trainer = GRPOTrainer(model=model, reward_funcs=reward, args=config, train_dataset=data,
-                          processing_class=tokenizer, callbacks=[clock])
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=reward, args=config, train_dataset=data, processing_class=tokenizer, callbacks=[clock]
+    )
     for quiet in (PrinterCallback, ProgressCallback):  # per-step log lines; the metrics stay in state.log_history
         trainer.remove_callback(quiet)
     setup = time.perf_counter() - t0
@@ -62,9 +88,15 @@ def run_trl(init_dir: Path, train_rows: list[dict], test_rows: list[dict], *, pr
     accuracy = greedy_accuracy(trainer.model, tokenizer, test_rows, max_new_tokens)
     samples = clock.steps * prompts_per_step * samples_per_prompt
     rewards = [h["reward"] for h in trainer.state.log_history if "reward" in h]
-    return {"steps": clock.steps, "seconds": elapsed, "setup_s": setup, "steps_per_s": clock.steps / elapsed,
-            "samples_per_s": samples / elapsed, "accuracy": accuracy,
-            "reward_last5": sum(rewards[-5:]) / max(len(rewards[-5:]), 1)}
+    return {
+        "steps": clock.steps,
+        "seconds": elapsed,
+        "setup_s": setup,
+        "steps_per_s": clock.steps / elapsed,
+        "samples_per_s": samples / elapsed,
+        "accuracy": accuracy,
+        "reward_last5": sum(rewards[-5:]) / max(len(rewards[-5:]), 1),
+    }
 
 
 @torch.no_grad()

@@ -61,27 +61,39 @@ def inspect_release(wheel: Path, sdist: Path) -> Release:
         raise InvalidArtifact(f"{wheel.name!r} is not a wheel (.whl)")
     sdist_name, sdist_version, kind = names.distribution_file(sdist.name)
     if kind != "sdist" or (sdist_name, sdist_version) != (name, version):
-        raise InvalidArtifact(f"sdist {sdist.name!r} does not match wheel {wheel.name!r}; upload the sdist of "
-                              f"{name} {version}")
+        raise InvalidArtifact(
+            f"sdist {sdist.name!r} does not match wheel {wheel.name!r}; upload the sdist of {name} {version}"
+        )
     metadata, entry_points, shipped_pyproject = _read_wheel(wheel)
     for field, expected in (("Name", name), ("Version", version)):
         got = metadata.get(field, "")
         normalized = names.package_name(got) if field == "Name" else names.package_version(got)
         if normalized != expected:
-            raise InvalidArtifact(f"{wheel.name}: METADATA field {field!r} is {got!r}, but the file name says "
-                                  f"{expected!r}")
+            raise InvalidArtifact(
+                f"{wheel.name}: METADATA field {field!r} is {got!r}, but the file name says {expected!r}"
+            )
     if shipped_pyproject is None:
-        raise ManifestError(f"{wheel.name} has no {MANIFEST_METADATA_PATH} in its .dist-info; add "
-                            '[tool.hatch.build.targets.wheel.extra-metadata] "pyproject.toml" = "molt/pyproject.toml"')
+        raise ManifestError(
+            f"{wheel.name} has no {MANIFEST_METADATA_PATH} in its .dist-info; add "
+            '[tool.hatch.build.targets.wheel.extra-metadata] "pyproject.toml" = "molt/pyproject.toml"'
+        )
     manifests = manifests_from_pyproject(shipped_pyproject, f"{wheel.name} pyproject.toml")
     check_entry_points(wheel.name, manifests, entry_points)
     sdist_pyproject, digest = _read_sdist(sdist)
     if _without_version(sdist_pyproject) != _without_version(tomllib.loads(shipped_pyproject)):
-        raise InvalidArtifact(f"{wheel.name} and {sdist.name} were built from different pyproject.toml files; "
-                              "build both from one tree")
-    return Release(name=name, version=version, wheel=wheel, sdist=sdist, content_hash=digest,
-                   manifests=tuple(manifests), requires_python=metadata.get("Requires-Python") or None,
-                   summary=metadata.get("Summary", ""))
+        raise InvalidArtifact(
+            f"{wheel.name} and {sdist.name} were built from different pyproject.toml files; build both from one tree"
+        )
+    return Release(
+        name=name,
+        version=version,
+        wheel=wheel,
+        sdist=sdist,
+        content_hash=digest,
+        manifests=tuple(manifests),
+        requires_python=metadata.get("Requires-Python") or None,
+        summary=metadata.get("Summary", ""),
+    )
 
 
 def content_hash(sdist: Path) -> str:
@@ -104,8 +116,9 @@ def _read_wheel(wheel: Path) -> tuple[dict[str, str], dict[str, str], str | None
         with zipfile.ZipFile(wheel) as zf:
             dist_infos = {n.split("/", 1)[0] for n in zf.namelist() if n.split("/", 1)[0].endswith(".dist-info")}
             if len(dist_infos) != 1:
-                raise InvalidArtifact(f"{wheel.name} must hold exactly one .dist-info directory, found "
-                                      f"{sorted(dist_infos) or 'none'}")
+                raise InvalidArtifact(
+                    f"{wheel.name} must hold exactly one .dist-info directory, found {sorted(dist_infos) or 'none'}"
+                )
             dist_info = dist_infos.pop()
 
             def read(member: str) -> str | None:
@@ -130,10 +143,14 @@ def _read_wheel(wheel: Path) -> tuple[dict[str, str], dict[str, str], str | None
         try:
             url = Requirement(str(line)).url
         except InvalidRequirement as exc:
-            raise InvalidArtifact(f"{wheel.name}: Requires-Dist {str(line)!r:.120} is not a requirement: {exc}") from None
+            raise InvalidArtifact(
+                f"{wheel.name}: Requires-Dist {str(line)!r:.120} is not a requirement: {exc}"
+            ) from None
         if url:  # pip would fetch (and maybe build) it at install time, from anywhere
-            raise InvalidArtifact(f"{wheel.name}: Requires-Dist {str(line)!r:.120} is a direct reference ({url}); "
-                                  "depend on a released package by name and version instead")
+            raise InvalidArtifact(
+                f"{wheel.name}: Requires-Dist {str(line)!r:.120} is a direct reference ({url}); "
+                "depend on a released package by name and version instead"
+            )
     parser = configparser.ConfigParser(delimiters=("=",), interpolation=None)
     parser.optionxform = str  # type: ignore[assignment,method-assign]  # env IDs are case-sensitive
     try:
@@ -148,13 +165,17 @@ def check_entry_points(where: str, manifests: list[EnvManifest], entry_points: d
     declared = {m.id: m.entry_point for m in manifests}
     for env_id, target in declared.items():
         if entry_points.get(env_id) != target:
-            raise ManifestError(f"{where}: manifest id {env_id!r} has entry_point {target!r}, but the "
-                                f'[project.entry-points."{ENTRY_POINT_GROUP}"] table maps it to '
-                                f"{entry_points.get(env_id)!r}; add \"{env_id}\" = \"{target}\" there")
+            raise ManifestError(
+                f"{where}: manifest id {env_id!r} has entry_point {target!r}, but the "
+                f'[project.entry-points."{ENTRY_POINT_GROUP}"] table maps it to '
+                f'{entry_points.get(env_id)!r}; add "{env_id}" = "{target}" there'
+            )
     extra = sorted(set(entry_points) - set(declared))
     if extra:
-        raise ManifestError(f"{where}: entry point(s) {extra} in group {ENTRY_POINT_GROUP!r} have no [[tool.molt.env]] "
-                            "manifest; add one per env ID")
+        raise ManifestError(
+            f"{where}: entry point(s) {extra} in group {ENTRY_POINT_GROUP!r} have no [[tool.molt.env]] "
+            "manifest; add one per env ID"
+        )
 
 
 class _Bounded:

@@ -55,8 +55,10 @@ def read_source(root: str | Path) -> Source:
     project = data.get("project", {})
     for field in ("name", "version"):
         if field in project.get("dynamic", []) or not isinstance(project.get(field), str):
-            raise ManifestError(f"{path}: field 'project.{field}' must be a static string, got "
-                                f"{project.get(field, '(dynamic)' if field in project.get('dynamic', []) else None)!r}")
+            raise ManifestError(
+                f"{path}: field 'project.{field}' must be a static string, got "
+                f"{project.get(field, '(dynamic)' if field in project.get('dynamic', []) else None)!r}"
+            )
     name = names.package_name(project["name"])
     version = names.package_version(project["version"])
     table = data.get("tool", {}).get("molt", {}).get("env")
@@ -92,8 +94,9 @@ def build(root: str | Path, out_dir: str | Path | None = None, isolated: bool | 
             raise BuildError(f"`{' '.join(cmd)}` failed (exit {proc.returncode}):\n" + "\n".join(tail))
         wheels, sdists = sorted(Path(tmp).glob("*.whl")), sorted(Path(tmp).glob("*.tar.gz"))
         if len(wheels) != 1 or len(sdists) != 1:
-            raise BuildError(f"the build of {source.root} made {[p.name for p in wheels + sdists]}; expected one wheel "
-                             "and one sdist")
+            raise BuildError(
+                f"the build of {source.root} made {[p.name for p in wheels + sdists]}; expected one wheel and one sdist"
+            )
         moved = []
         for built in (wheels[0], sdists[0]):
             target = out / built.name
@@ -101,8 +104,9 @@ def build(root: str | Path, out_dir: str | Path | None = None, isolated: bool | 
             moved.append(target)
     release = inspect_release(*moved)
     if (release.name, release.version) != (source.name, source.version):
-        raise BuildError(f"the build made {release.name} {release.version}, but pyproject.toml says "
-                         f"{source.name} {source.version}")
+        raise BuildError(
+            f"the build made {release.name} {release.version}, but pyproject.toml says {source.name} {source.version}"
+        )
     return release
 
 

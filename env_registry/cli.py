@@ -34,9 +34,15 @@ def cmd_info(args: argparse.Namespace) -> int:
         except Error as exc:
             rows = f"unavailable ({exc})"
         splits[split] = {"source": cfg.path or cfg.generator, "rows": rows}
-    info = {"id": spec.id, "hash": spec.hash, "package": spec.package, "package_version": spec.package_version,
-            "spec": spec.model_dump(mode="json"), "datasets": splits,
-            "tools": [t.model_dump() for t in spec.tools]}
+    info = {
+        "id": spec.id,
+        "hash": spec.hash,
+        "package": spec.package,
+        "package_version": spec.package_version,
+        "spec": spec.model_dump(mode="json"),
+        "datasets": splits,
+        "tools": [t.model_dump() for t in spec.tools],
+    }
     print(json.dumps(info, indent=2))
     return 0
 
@@ -65,9 +71,19 @@ def cmd_build(args: argparse.Namespace) -> int:
     from env_registry.build import build
 
     release = build(args.directory, args.out, isolated=args.isolated)
-    print(json.dumps({"package": release.name, "version": release.version, "env_ids": release.env_ids,
-                      "content_hash": release.content_hash, "wheel": str(release.wheel), "sdist": str(release.sdist)},
-                     indent=2))
+    print(
+        json.dumps(
+            {
+                "package": release.name,
+                "version": release.version,
+                "env_ids": release.env_ids,
+                "content_hash": release.content_hash,
+                "wheel": str(release.wheel),
+                "sdist": str(release.sdist),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 
@@ -81,8 +97,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="molt-publish-") as out:
         release = build(args.directory, out)
         info = target.publish(release, allow_same_content=args.allow_same_content)
-    print(f"published {info.package} {info.version} ({', '.join(info.env_ids)}) to {target}; "
-          f"content hash {info.content_hash[:16]}")
+    print(
+        f"published {info.package} {info.version} ({', '.join(info.env_ids)}) to {target}; "
+        f"content hash {info.content_hash[:16]}"
+    )
     return 0
 
 
@@ -93,8 +111,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if args.mint_token:
         token_id, token = LocalRegistry(args.root).mint_token(args.mint_token)
         print(f"minted token {token_id} for publisher {args.mint_token!r} (shown once): {token}", flush=True)
-    print(f"serving {Path(args.root).expanduser().resolve()} at http://{args.host}:{args.port}/ "
-          f"(simple index: /simple/, JSON API: /api/, docs: /docs){' [private]' if args.private else ''}", flush=True)
+    print(
+        f"serving {Path(args.root).expanduser().resolve()} at http://{args.host}:{args.port}/ "
+        f"(simple index: /simple/, JSON API: /api/, docs: /docs){' [private]' if args.private else ''}",
+        flush=True,
+    )
     serve(args.root, args.host, args.port, private=args.private, max_upload_bytes=int(args.max_upload_mb * 2**20))
     return 0
 
@@ -134,10 +155,14 @@ def cmd_install(args: argparse.Namespace) -> int:
 
     info = install(args.env_id, open_registry(args.registry, args.token), python=args.python)
     if info.yanked:
-        print(f"warning: {info.package} {info.version} is yanked: {info.yanked_reason or '(no reason given)'}",
-              file=sys.stderr)
-    print(f"installed {info.package} {info.version} (provides {', '.join(info.env_ids)}; wheel sha256 "
-          f"{info.wheel.sha256[:16]} verified)")
+        print(
+            f"warning: {info.package} {info.version} is yanked: {info.yanked_reason or '(no reason given)'}",
+            file=sys.stderr,
+        )
+    print(
+        f"installed {info.package} {info.version} (provides {', '.join(info.env_ids)}; wheel sha256 "
+        f"{info.wheel.sha256[:16]} verified)"
+    )
     return 0
 
 
@@ -149,8 +174,10 @@ def cmd_yank(args: argparse.Namespace) -> int:
     target = open_registry(args.registry, args.token)
     info = target.resolve(args.env_id)
     info = target.yank(info.package, info.version, args.reason)
-    print(f"yanked {info.package} {info.version}: {info.yanked_reason}; `molt-env install {args.env_id}` still "
-          "installs it, unpinned IDs skip it")
+    print(
+        f"yanked {info.package} {info.version}: {info.yanked_reason}; `molt-env install {args.env_id}` still "
+        "installs it, unpinned IDs skip it"
+    )
     return 0
 
 
@@ -176,10 +203,18 @@ def build_parser() -> argparse.ArgumentParser:
     bld.add_argument("directory")
     bld.add_argument("--out", help="output directory (default: <directory>/dist)")
     iso = bld.add_mutually_exclusive_group()
-    iso.add_argument("--isolated", action="store_true", default=None,
-                     help="always build in an isolated environment (needs the package index)")
-    iso.add_argument("--no-isolation", dest="isolated", action="store_false",
-                     help="build with this interpreter's backend (default when it has one)")
+    iso.add_argument(
+        "--isolated",
+        action="store_true",
+        default=None,
+        help="always build in an isolated environment (needs the package index)",
+    )
+    iso.add_argument(
+        "--no-isolation",
+        dest="isolated",
+        action="store_false",
+        help="build with this interpreter's backend (default when it has one)",
+    )
     bld.set_defaults(fn=cmd_build)
 
     def registry_args(p: argparse.ArgumentParser) -> None:
@@ -189,8 +224,9 @@ def build_parser() -> argparse.ArgumentParser:
     pub = sub.add_parser("publish", help="build a source tree and publish it to a registry")
     pub.add_argument("directory")
     registry_args(pub)
-    pub.add_argument("--allow-same-content", action="store_true",
-                     help="publish even if an earlier version has identical content")
+    pub.add_argument(
+        "--allow-same-content", action="store_true", help="publish even if an earlier version has identical content"
+    )
     pub.set_defaults(fn=cmd_publish)
 
     srv = sub.add_parser("serve", help="run the registry server over a registry directory")
@@ -239,8 +275,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ModuleNotFoundError as exc:
         if exc.name not in SERVER_EXTRA:
             raise
-        print(f"molt-env {args.command}: needs {exc.name!r}; install it with pip install 'molt-ecosystem[server]'",
-              file=sys.stderr)
+        print(
+            f"molt-env {args.command}: needs {exc.name!r}; install it with pip install 'molt-ecosystem[server]'",
+            file=sys.stderr,
+        )
         return 2
 
 

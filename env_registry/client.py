@@ -50,14 +50,17 @@ class RegistryClient:
         if not self.token:
             raise Forbidden(f"publishing to {self.url} needs a token: pass --token or set $MOLT_TOKEN")
         with release.wheel.open("rb") as wheel, release.sdist.open("rb") as sdist:
-            files = {"wheel": (release.wheel.name, wheel, "application/octet-stream"),
-                     "sdist": (release.sdist.name, sdist, "application/octet-stream")}
+            files = {
+                "wheel": (release.wheel.name, wheel, "application/octet-stream"),
+                "sdist": (release.sdist.name, sdist, "application/octet-stream"),
+            }
             data = {"allow_same_content": "true" if allow_same_content else "false"}
             return ReleaseInfo.model_validate(self._call("POST", "/api/packages", files=files, data=data))
 
     def yank(self, package: str, version: str, reason: str) -> ReleaseInfo:
-        return ReleaseInfo.model_validate(self._call("POST", f"/api/packages/{package}/{version}/yank",
-                                                     json={"reason": reason}))
+        return ReleaseInfo.model_validate(
+            self._call("POST", f"/api/packages/{package}/{version}/yank", json={"reason": reason})
+        )
 
     def package(self, package: str) -> PackageInfo:
         return PackageInfo.model_validate(self._call("GET", f"/api/packages/{package}"))
@@ -72,11 +75,14 @@ class RegistryClient:
         """Download one release file into ``dest`` (a directory); the caller verifies its hash."""
         target = dest / Path(file.filename).name
         try:
-            with httpx.Client(base_url=self.url, headers=self._headers, timeout=TIMEOUT) as http, \
-                    http.stream("GET", f"/{file.url}") as response:
+            with (
+                httpx.Client(base_url=self.url, headers=self._headers, timeout=TIMEOUT) as http,
+                http.stream("GET", f"/{file.url}") as response,
+            ):
                 if not response.is_success:
                     raise ERRORS.get(response.status_code, Error)(
-                        f"downloading {self.url}/{file.url} failed with HTTP {response.status_code}")
+                        f"downloading {self.url}/{file.url} failed with HTTP {response.status_code}"
+                    )
                 with target.open("wb") as f:
                     for chunk in response.iter_bytes():
                         f.write(chunk)

@@ -31,7 +31,13 @@ def check(env_id: str) -> CheckReport:
             rows += load_split(spec, split, SAMPLE_ROWS)
         except Exception as exc:
             report.add(f"dataset split {split!r}", False, f"{type(exc).__name__}: {exc}")
-    sub = check_env(lambda: cls(**spec.kwargs), rows[:SAMPLE_ROWS], subject=report.subject, kind=spec.kind,
-                    reward_range=spec.reward_range, deterministic=spec.deterministic)
+    sub = check_env(
+        lambda: cls(**spec.kwargs),
+        rows[:SAMPLE_ROWS],
+        subject=report.subject,
+        kind=spec.kind,
+        reward_range=spec.reward_range,
+        deterministic=spec.deterministic,
+    )
     report.checks.extend(sub.checks)
     return report

@@ -66,9 +66,14 @@ def normalize_row(row: dict[str, Any], cfg: DatasetSplit, where: str) -> dict[st
     if isinstance(prompt, str):
         text = cfg.prompt_template.format(input=prompt) if cfg.prompt_template else prompt
         prompt = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []) + [
-            {"role": "user", "content": text}]
-    return {"prompt": prompt, "label": row[cfg.label_key],
-            "reference": row.get(cfg.reference_key) if cfg.reference_key else None, "row": row}
+            {"role": "user", "content": text}
+        ]
+    return {
+        "prompt": prompt,
+        "label": row[cfg.label_key],
+        "reference": row.get(cfg.reference_key) if cfg.reference_key else None,
+        "row": row,
+    }
 
 
 def _read_jsonl(path: Path) -> Iterator[dict[str, Any]]:

@@ -36,18 +36,23 @@ def install(env_id: str, registry: LocalRegistry | RegistryClient, python: str |
     info = registry.resolve(env_id)
     wheel = info.wheel
     # the registry's answer must be what was asked: a wheel of the release it names, providing the env ID
-    if names.distribution_file(wheel.filename)[:2] != (info.package, info.version) or \
-            parse_env_id(env_id).unpinned not in info.env_ids:
-        raise InstallError(f"{registry} answered {env_id!r} with {wheel.filename!r} of {info.package} {info.version} "
-                           f"(env IDs {info.env_ids}), which is not a wheel of a release providing it; not installing")
+    if (
+        names.distribution_file(wheel.filename)[:2] != (info.package, info.version)
+        or parse_env_id(env_id).unpinned not in info.env_ids
+    ):
+        raise InstallError(
+            f"{registry} answered {env_id!r} with {wheel.filename!r} of {info.package} {info.version} "
+            f"(env IDs {info.env_ids}), which is not a wheel of a release providing it; not installing"
+        )
     with tempfile.TemporaryDirectory(prefix="molt-install-") as tmp:
         path = registry.fetch(info, wheel, Path(tmp))
         actual = file_sha256(path)
         if actual != wheel.sha256:
-            raise HashMismatch(f"{wheel.filename} from {registry} has sha256 {actual}, but the index lists "
-                               f"{wheel.sha256}; refusing to install it (the file was changed after publishing)")
-        cmd = [python or sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input",
-               str(path)]
+            raise HashMismatch(
+                f"{wheel.filename} from {registry} has sha256 {actual}, but the index lists "
+                f"{wheel.sha256}; refusing to install it (the file was changed after publishing)"
+            )
+        cmd = [python or sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-input", str(path)]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
         except FileNotFoundError:

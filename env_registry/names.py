@@ -31,8 +31,10 @@ class InvalidName(Error, ValueError):
 def package_name(name: str) -> str:
     """The PEP 503 normalized form of a valid package name (``Acme_Echo`` -> ``acme-echo``)."""
     if not isinstance(name, str) or len(name) > MAX_NAME_LENGTH or not _PACKAGE.fullmatch(name):
-        raise InvalidName(f"package name {name!r:.120} is invalid; use letters, digits, '.', '_' and '-' (starting and "
-                          f"ending with a letter or digit, at most {MAX_NAME_LENGTH} characters), e.g. 'acme-echo'")
+        raise InvalidName(
+            f"package name {name!r:.120} is invalid; use letters, digits, '.', '_' and '-' (starting and "
+            f"ending with a letter or digit, at most {MAX_NAME_LENGTH} characters), e.g. 'acme-echo'"
+        )
     return canonicalize_name(name)
 
 
@@ -53,8 +55,10 @@ _FILENAME = re.compile(r"[A-Za-z0-9._+!-]+")  # what wheel and sdist names use; 
 def distribution_file(filename: str) -> tuple[str, str, str]:
     """``(normalized name, version, "wheel"|"sdist")`` of a wheel or ``.tar.gz`` sdist file name."""
     if not isinstance(filename, str) or not _FILENAME.fullmatch(filename) or filename.startswith("."):
-        raise InvalidName(f"file name {filename!r:.120} is invalid; give a bare wheel or sdist file name "
-                          "(letters, digits and . _ + ! - only)")
+        raise InvalidName(
+            f"file name {filename!r:.120} is invalid; give a bare wheel or sdist file name "
+            "(letters, digits and . _ + ! - only)"
+        )
     try:
         if filename.endswith(".whl"):
             name, version, _, _ = parse_wheel_filename(filename)

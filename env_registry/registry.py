@@ -78,11 +78,16 @@ class Registry(Mapping[str, EnvSpec]):
             if spec.id in self._specs:
                 old = self._specs[spec.id]
                 if not explicit:  # two installed packages claim one ID: the first found wins
-                    warnings.warn(f"env {spec.id!r} from package {spec.package!r} is shadowed by package "
-                                  f"{old.package!r}; uninstall one of them", stacklevel=3)
+                    warnings.warn(
+                        f"env {spec.id!r} from package {spec.package!r} is shadowed by package "
+                        f"{old.package!r}; uninstall one of them",
+                        stacklevel=3,
+                    )
                     return
-                warnings.warn(f"overriding the registration of {spec.id!r} ({old.entry_point} -> {spec.entry_point})",
-                              stacklevel=3)
+                warnings.warn(
+                    f"overriding the registration of {spec.id!r} ({old.entry_point} -> {spec.entry_point})",
+                    stacklevel=3,
+                )
             self._specs[spec.id] = spec
 
     def _discover(self) -> None:
@@ -122,15 +127,22 @@ class Registry(Mapping[str, EnvSpec]):
             versions = self._versions(parsed)
             if versions:
                 latest = f"{parsed.base}-v{max(versions)}"
-                warnings.warn(f"using the latest version {latest!r} for the unversioned ID {parsed.base!r}; "
-                              "pin a version for reproducible runs", DeprecatedEnvWarning, stacklevel=3)
+                warnings.warn(
+                    f"using the latest version {latest!r} for the unversioned ID {parsed.base!r}; "
+                    "pin a version for reproducible runs",
+                    DeprecatedEnvWarning,
+                    stacklevel=3,
+                )
                 spec = self._specs[latest]
         if spec is None:
             self._raise_not_found(parsed)
         versions = self._versions(parsed)
         if parsed.version is not None and versions and parsed.version < max(versions):
-            warnings.warn(f"{parsed.unpinned!r} is out of date; consider {parsed.base}-v{max(versions)}",
-                          DeprecatedEnvWarning, stacklevel=3)
+            warnings.warn(
+                f"{parsed.unpinned!r} is out of date; consider {parsed.base}-v{max(versions)}",
+                DeprecatedEnvWarning,
+                stacklevel=3,
+            )
         if parsed.pin is not None and spec.package_version != parsed.pin:
             raise PackageVersionMismatch(
                 f"{env_id!r} pins package version {parsed.pin}, but {spec.id!r} comes from "
@@ -147,13 +159,17 @@ class Registry(Mapping[str, EnvSpec]):
         known = [parse_env_id(i) for i in self._specs]
         namespaces = sorted({e.namespace for e in known if e.namespace})
         if parsed.namespace is not None and parsed.namespace not in namespaces:
-            raise NamespaceNotFound(f"namespace {parsed.namespace!r} not found.{_did_you_mean(parsed.namespace, namespaces)}"
-                                    f" Install the package that provides it, or see `molt-env list`.")
+            raise NamespaceNotFound(
+                f"namespace {parsed.namespace!r} not found.{_did_you_mean(parsed.namespace, namespaces)}"
+                f" Install the package that provides it, or see `molt-env list`."
+            )
         names = sorted({e.name for e in known if e.namespace == parsed.namespace})
         if parsed.name not in names:
             where = f" in namespace {parsed.namespace!r}" if parsed.namespace else ""
-            raise NameNotFound(f"env {parsed.base!r} not found{where}.{_did_you_mean(parsed.name, names)}"
-                               f" See `molt-env list` for every registered ID.")
+            raise NameNotFound(
+                f"env {parsed.base!r} not found{where}.{_did_you_mean(parsed.name, names)}"
+                f" See `molt-env list` for every registered ID."
+            )
         versions = sorted(self._versions(parsed))
         has_default = parsed.base in self._specs
         if not versions and has_default:
@@ -161,8 +177,9 @@ class Registry(Mapping[str, EnvSpec]):
         if parsed.version > max(versions):
             listed = ", ".join(f"v{v}" for v in versions)
             raise VersionNotFound(f"version v{parsed.version} of {parsed.base!r} does not exist; available: {listed}")
-        raise DeprecatedEnv(f"{parsed.unpinned!r} is deprecated and no longer registered; use "
-                            f"'{parsed.base}-v{max(versions)}'")
+        raise DeprecatedEnv(
+            f"{parsed.unpinned!r} is deprecated and no longer registered; use '{parsed.base}-v{max(versions)}'"
+        )
 
     def load(self, env_id: str) -> type:
         """Import and return the class an ID's entry point names."""
@@ -237,8 +254,11 @@ def pprint_registry(print_output: bool = True) -> str:
     lines = []
     for namespace, ids in groups.items():
         lines.append(f"===== {namespace} =====")
-        lines.extend(f"  {i}  [{registry[i].kind}, {registry[i].package or 'registered at run time'} "
-                     f"{registry[i].package_version or ''}]".rstrip() for i in ids)
+        lines.extend(
+            f"  {i}  [{registry[i].kind}, {registry[i].package or 'registered at run time'} "
+            f"{registry[i].package_version or ''}]".rstrip()
+            for i in ids
+        )
     text = "\n".join(lines) if lines else "no environments registered"
     if print_output:
         print(text)

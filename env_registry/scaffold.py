@@ -16,9 +16,18 @@ from env_registry.errors import Error
 from env_registry.ids import parse_env_id
 
 SAMPLE_TEXTS = [
-    "hello world", "The quick brown fox jumps over the lazy dog.", "42 is the answer", "molt environments",
-    "Repeat after me: exactly this.", "tabs\tand  double  spaces", "ünïcödé is fine", "a, b, c; 1, 2, 3",
-    "short", "One more line of text to echo back.", "UPPER and lower", "ends with a period.",
+    "hello world",
+    "The quick brown fox jumps over the lazy dog.",
+    "42 is the answer",
+    "molt environments",
+    "Repeat after me: exactly this.",
+    "tabs\tand  double  spaces",
+    "ünïcödé is fine",
+    "a, b, c; 1, 2, 3",
+    "short",
+    "One more line of text to echo back.",
+    "UPPER and lower",
+    "ends with a period.",
 ]
 
 ENV_MODULE = '''"""``{env_id}``: the model must repeat the text it was given, exactly."""
@@ -59,7 +68,7 @@ class {cls}(ChatAgent):
         return Result(reward=1.0 if exact else 0.0, terminated=True, info={{"exact": exact}})
 '''
 
-PYPROJECT = '''[build-system]
+PYPROJECT = """[build-system]
 requires = ["hatchling>=1.25"]
 build-backend = "hatchling.build"
 
@@ -94,15 +103,15 @@ deterministic = true
 {splits}
 [tool.pytest.ini_options]
 pythonpath = ["."]
-'''
+"""
 
-SPLIT = '''[tool.molt.env.datasets.{split}]
+SPLIT = """[tool.molt.env.datasets.{split}]
 path = "data/{split}.jsonl"
 input_key = "text"
 label_key = "text"
 reference_key = "text"
 prompt_template = "Repeat the following text exactly and write nothing else:\\n{{input}}"
-'''
+"""
 
 TEST_MODULE = '''"""Conformance of ``{env_id}`` straight from the source tree (run ``pytest`` in the package directory)."""
 
@@ -125,7 +134,7 @@ def test_conformance():
     assert report.passed, report.render()
 {extra_test}'''
 
-ENV_EXTRA_TEST = '''
+ENV_EXTRA_TEST = """
 
 def test_reward_is_exact_match():
     import asyncio
@@ -137,9 +146,9 @@ def test_reward_is_exact_match():
 
     assert reward("hello world<|im_end|>") == 1.0
     assert reward("Hello world") == 0.0
-'''
+"""
 
-README = '''# {package}
+README = """# {package}
 
 `{env_id}`: {description}
 
@@ -154,7 +163,7 @@ python -c "import env_registry; print(env_registry.make('{env_id}'))"
 
 Bump `version` in `pyproject.toml` before each publish: published versions are immutable. Change the `-vN` of the
 env ID when the reward, observations or tools change meaning.
-'''
+"""
 
 
 def init(directory: str | Path, env_id: str, kind: str = "env", package: str | None = None) -> Path:
@@ -172,19 +181,28 @@ def init(directory: str | Path, env_id: str, kind: str = "env", package: str | N
     root = Path(directory)
     if root.exists() and any(root.iterdir()):
         raise Error(f"{root} already exists and is not empty; pick a new directory")
-    description = (f"Repeat the given text exactly ({kind} template from molt-env init)")
+    description = f"Repeat the given text exactly ({kind} template from molt-env init)"
     dependencies = '"molt-ecosystem>=0.1"' + (', "openai>=1.40"' if kind == "chat_agent" else "")
-    fields = dict(env_id=parsed.unpinned, package=package, module=module, module_file=module_file, cls=cls,
-                  kind=kind, description=description, dependencies=dependencies,
-                  entry_point=f"{module}.{module_file}:{cls}")
+    fields = dict(
+        env_id=parsed.unpinned,
+        package=package,
+        module=module,
+        module_file=module_file,
+        cls=cls,
+        kind=kind,
+        description=description,
+        dependencies=dependencies,
+        entry_point=f"{module}.{module_file}:{cls}",
+    )
     files = {
         "pyproject.toml": PYPROJECT.format(**fields, splits="".join(SPLIT.format(split=s) for s in ("train", "test"))),
         f"{module}/__init__.py": f'"""The ``{parsed.unpinned}`` environment package."""\n',
         f"{module}/{module_file}.py": (ENV_MODULE if kind == "env" else AGENT_MODULE).format(**fields),
         f"{module}/data/train.jsonl": _jsonl(SAMPLE_TEXTS[:8]),
         f"{module}/data/test.jsonl": _jsonl(SAMPLE_TEXTS[8:]),
-        "tests/test_env.py": TEST_MODULE.format(**fields, extra_test=ENV_EXTRA_TEST.format(**fields)
-                                                if kind == "env" else ""),
+        "tests/test_env.py": TEST_MODULE.format(
+            **fields, extra_test=ENV_EXTRA_TEST.format(**fields) if kind == "env" else ""
+        ),
         "README.md": README.format(**fields),
         ".gitignore": "__pycache__/\n*.pyc\ndist/\nbuild/\n.pytest_cache/\n",
     }

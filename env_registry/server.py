@@ -42,8 +42,10 @@ from env_registry.store import (
 )
 
 DEFAULT_MAX_UPLOAD_BYTES = 100 << 20
-TOKEN_NEEDED = ("this needs a token: send 'Authorization: Bearer <token>' (mint one with "
-                "`molt-env token mint --root <registry root> --publisher <name>`)")
+TOKEN_NEEDED = (
+    "this needs a token: send 'Authorization: Bearer <token>' (mint one with "
+    "`molt-env token mint --root <registry root> --publisher <name>`)"
+)
 
 
 class Unauthorized(Error):
@@ -105,8 +107,11 @@ def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = 
             if length is None or not length.isdigit():
                 return _error(411, "send a Content-Length header (chunked uploads are refused)")
             if int(length) > max_upload_bytes:
-                return _error(413, f"the upload is {int(length)} bytes; this registry accepts at most "
-                                   f"{max_upload_bytes} bytes per request")
+                return _error(
+                    413,
+                    f"the upload is {int(length)} bytes; this registry accepts at most "
+                    f"{max_upload_bytes} bytes per request",
+                )
         return await call_next(request)
 
     @app.get("/api/health")
@@ -134,13 +139,18 @@ def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = 
         return registry.search(q)
 
     @app.get("/api/resolve")
-    def resolve(env_id: Annotated[str, Query(max_length=300, description="e.g. acme/echo-v1 or acme/echo-v1@1.0.2")],
-                _: Reader) -> ReleaseInfo:
+    def resolve(
+        env_id: Annotated[str, Query(max_length=300, description="e.g. acme/echo-v1 or acme/echo-v1@1.0.2")], _: Reader
+    ) -> ReleaseInfo:
         return registry.resolve(env_id)
 
     @app.post("/api/packages", status_code=201)
-    def publish(wheel: Annotated[UploadFile, File()], sdist: Annotated[UploadFile, File()], who: Publisher,
-                allow_same_content: Annotated[bool, Form()] = False) -> ReleaseInfo:
+    def publish(
+        wheel: Annotated[UploadFile, File()],
+        sdist: Annotated[UploadFile, File()],
+        who: Publisher,
+        allow_same_content: Annotated[bool, Form()] = False,
+    ) -> ReleaseInfo:
         staged = registry.staging / f"upload-{uuid.uuid4().hex}"
         staged.mkdir()
         try:
@@ -230,12 +240,19 @@ def _anchor(root: str, release: ReleaseInfo, file: FileInfo) -> str:
 
 
 def _page(title: str, body: str) -> str:
-    return (f'<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0">'
-            f"<title>{html.escape(title)}</title></head>\n<body><h1>{html.escape(title)}</h1>\n{body}</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta name="pypi:repository-version" content="1.0">'
+        f"<title>{html.escape(title)}</title></head>\n<body><h1>{html.escape(title)}</h1>\n{body}</body></html>\n"
+    )
 
 
-def serve(root: str | Path, host: str = "127.0.0.1", port: int = 8080, private: bool = False,
-          max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> None:
+def serve(
+    root: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    private: bool = False,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+) -> None:
     import uvicorn
 
     uvicorn.run(create_app(root, private, max_upload_bytes), host=host, port=port, log_level="warning")

@@ -115,11 +115,15 @@ class TokenInfo(BaseModel):
 def _check_owner(package: str, owner: str | None, publisher: str) -> None:
     """A token's publisher may change only its own packages; one published locally (no owner) is local-only."""
     if owner is None:
-        raise Forbidden(f"package {package!r} was published locally (it has no owner), so only local publishing "
-                        "may add to or yank it (molt-env publish --registry DIR); choose another package name")
+        raise Forbidden(
+            f"package {package!r} was published locally (it has no owner), so only local publishing "
+            "may add to or yank it (molt-env publish --registry DIR); choose another package name"
+        )
     if owner != publisher:
-        raise Forbidden(f"package {package!r} belongs to publisher {owner!r}, not {publisher!r}; "
-                        "publish it with one of their tokens, or choose another package name")
+        raise Forbidden(
+            f"package {package!r} belongs to publisher {owner!r}, not {publisher!r}; "
+            "publish it with one of their tokens, or choose another package name"
+        )
 
 
 class LocalRegistry:
@@ -178,8 +182,9 @@ class LocalRegistry:
         finally:
             shutil.rmtree(staged, ignore_errors=True)
 
-    def _commit(self, release: Release, files: list[tuple[Path, str, str, int]], publisher: str | None,
-                allow_same_content: bool) -> ReleaseInfo:
+    def _commit(
+        self, release: Release, files: list[tuple[Path, str, str, int]], publisher: str | None, allow_same_content: bool
+    ) -> ReleaseInfo:
         name, version = release.name, release.version
         placed: list[Path] = []  # removed again if the transaction does not commit
         try:
@@ -189,15 +194,26 @@ class LocalRegistry:
                 if new_package:
                     db.execute("INSERT INTO packages VALUES (?, ?, ?)", (name, publisher, now))
                 manifests = json.dumps([m.model_dump(mode="json") for m in release.manifests])
-                db.execute("INSERT INTO releases VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, NULL)",
-                           (name, version, release.content_hash, release.summary, release.requires_python, manifests,
-                            publisher, now))
+                db.execute(
+                    "INSERT INTO releases VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, NULL)",
+                    (
+                        name,
+                        version,
+                        release.content_hash,
+                        release.summary,
+                        release.requires_python,
+                        manifests,
+                        publisher,
+                        now,
+                    ),
+                )
                 db.executemany("INSERT INTO env_ids VALUES (?, ?, ?)", [(e, name, version) for e in release.env_ids])
                 directory = self.files / name
                 directory.mkdir(exist_ok=True)
                 for path, kind, sha256, size in files:
-                    db.execute("INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)",
-                               (path.name, name, version, kind, sha256, size))
+                    db.execute(
+                        "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)", (path.name, name, version, kind, sha256, size)
+                    )
                     os.replace(path, directory / path.name)
                     placed.append(directory / path.name)
         except BaseException:
@@ -206,8 +222,9 @@ class LocalRegistry:
             raise
         return self.release(name, version)
 
-    def _check_publishable(self, db: sqlite3.Connection, release: Release, publisher: str | None,
-                           allow_same_content: bool) -> bool:
+    def _check_publishable(
+        self, db: sqlite3.Connection, release: Release, publisher: str | None, allow_same_content: bool
+    ) -> bool:
         """Raise unless ``release`` may be added; True when its package is new. Runs inside the write transaction."""
         name, version = release.name, release.version
         row = db.execute("SELECT owner FROM packages WHERE name = ?", (name,)).fetchone()
@@ -217,13 +234,17 @@ class LocalRegistry:
         for other in existing:
             if Version(other["version"]) == Version(version):
                 same = "the same" if other["content_hash"] == release.content_hash else "different"
-                raise Conflict(f"{name} {other['version']} is already published (with {same} content); published "
-                               f"versions are immutable: bump the version in pyproject.toml")
+                raise Conflict(
+                    f"{name} {other['version']} is already published (with {same} content); published "
+                    f"versions are immutable: bump the version in pyproject.toml"
+                )
         duplicate = [o["version"] for o in existing if o["content_hash"] == release.content_hash]
         if duplicate and not allow_same_content:
-            raise Conflict(f"{name} {version} has the same content (hash {release.content_hash[:12]}) as the "
-                           f"published version {duplicate[0]}; change the package, or pass --allow-same-content "
-                           "to publish it again under a new version")
+            raise Conflict(
+                f"{name} {version} has the same content (hash {release.content_hash[:12]}) as the "
+                f"published version {duplicate[0]}; change the package, or pass --allow-same-content "
+                "to publish it again under a new version"
+            )
         for env_id in release.env_ids:
             self._check_env_id_free(db, env_id, name, publisher)
         return row is None
@@ -232,16 +253,22 @@ class LocalRegistry:
     def _check_env_id_free(db: sqlite3.Connection, env_id: str, package: str, publisher: str | None) -> None:
         """An env ID belongs to one package; its other ``-vN`` versions may only come from the same publisher."""
         base = parse_env_id(env_id).base
-        rows = db.execute("SELECT DISTINCT e.env_id, e.package, p.owner FROM env_ids e JOIN packages p "
-                          "ON p.name = e.package WHERE e.package != ? AND (e.env_id = ? OR e.env_id LIKE ?)",
-                          (package, env_id, f"{base}-v%")).fetchall()
+        rows = db.execute(
+            "SELECT DISTINCT e.env_id, e.package, p.owner FROM env_ids e JOIN packages p "
+            "ON p.name = e.package WHERE e.package != ? AND (e.env_id = ? OR e.env_id LIKE ?)",
+            (package, env_id, f"{base}-v%"),
+        ).fetchall()
         for row in rows:
             if row["env_id"] == env_id:
-                raise Conflict(f"env ID {env_id!r} is already provided by package {row['package']!r}; an env ID "
-                               "belongs to one package: pick another ID")
+                raise Conflict(
+                    f"env ID {env_id!r} is already provided by package {row['package']!r}; an env ID "
+                    "belongs to one package: pick another ID"
+                )
             if parse_env_id(row["env_id"]).base == base and (publisher is None or row["owner"] != publisher):
-                raise Conflict(f"env {base!r} is already provided by package {row['package']!r} (as "
-                               f"{row['env_id']!r}); only its publisher may add versions of it: pick another name")
+                raise Conflict(
+                    f"env {base!r} is already provided by package {row['package']!r} (as "
+                    f"{row['env_id']!r}); only its publisher may add versions of it: pick another name"
+                )
 
     def yank(self, package: str, version: str, reason: str, publisher: str | None = None) -> ReleaseInfo:
         """Mark a release yanked (PEP 592): resolution skips it, an exact pin still installs it."""
@@ -250,8 +277,10 @@ class LocalRegistry:
             owner = db.execute("SELECT owner FROM packages WHERE name = ?", (info.package,)).fetchone()["owner"]
             if publisher is not None:
                 _check_owner(info.package, owner, publisher)
-            db.execute("UPDATE releases SET yanked = 1, yanked_reason = ? WHERE package = ? AND version = ?",
-                       (reason, info.package, info.version))
+            db.execute(
+                "UPDATE releases SET yanked = 1, yanked_reason = ? WHERE package = ? AND version = ?",
+                (reason, info.package, info.version),
+            )
         return self.release(info.package, info.version)
 
     # -- reading --
@@ -261,8 +290,9 @@ class LocalRegistry:
             rows = db.execute("SELECT * FROM releases WHERE package = ?", (name,)).fetchall()
             match = [r for r in rows if Version(r["version"]) == Version(names.package_version(version))]
             if not match:
-                raise NotFound(f"{name} {version} is not in {self}; published versions: "
-                               f"{[r['version'] for r in rows] or 'none'}")
+                raise NotFound(
+                    f"{name} {version} is not in {self}; published versions: {[r['version'] for r in rows] or 'none'}"
+                )
             return self._release_info(db, match[0])
 
     def package(self, package: str) -> PackageInfo:
@@ -271,13 +301,16 @@ class LocalRegistry:
             row = db.execute("SELECT * FROM packages WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise NotFound(f"package {name!r} is not in {self}")
-            releases = [self._release_info(db, r) for r in
-                        db.execute("SELECT * FROM releases WHERE package = ?", (name,)).fetchall()]
+            releases = [
+                self._release_info(db, r)
+                for r in db.execute("SELECT * FROM releases WHERE package = ?", (name,)).fetchall()
+            ]
         releases.sort(key=lambda r: Version(r.version))
         latest = _newest([r for r in releases if not r.yanked])
         env_ids = sorted({e for r in releases for e in r.env_ids})
-        return PackageInfo(name=name, owner=row["owner"], latest=latest.version if latest else None, env_ids=env_ids,
-                           releases=releases)
+        return PackageInfo(
+            name=name, owner=row["owner"], latest=latest.version if latest else None, env_ids=env_ids, releases=releases
+        )
 
     def packages(self) -> list[PackageInfo]:
         with self._connect() as db:
@@ -287,8 +320,10 @@ class LocalRegistry:
     def env_ids(self) -> list[EnvIdInfo]:
         """The env ID -> package index: every published env ID, its package and versions."""
         with self._connect() as db:
-            rows = db.execute("SELECT e.env_id, e.package, e.version, r.yanked FROM env_ids e "
-                              "JOIN releases r ON r.package = e.package AND r.version = e.version").fetchall()
+            rows = db.execute(
+                "SELECT e.env_id, e.package, e.version, r.yanked FROM env_ids e "
+                "JOIN releases r ON r.package = e.package AND r.version = e.version"
+            ).fetchall()
         grouped: dict[tuple[str, str], list[sqlite3.Row]] = {}
         for row in rows:
             grouped.setdefault((row["env_id"], row["package"]), []).append(row)
@@ -316,8 +351,10 @@ class LocalRegistry:
         """The release an env ID installs: its exact ``@pin`` (yanked or not), else the newest non-yanked version."""
         parsed = parse_env_id(env_id)
         with self._connect() as db:
-            rows = db.execute("SELECT env_id, package, version FROM env_ids WHERE env_id = ? OR env_id LIKE ?",
-                              (parsed.unpinned, f"{parsed.base}-v%")).fetchall()
+            rows = db.execute(
+                "SELECT env_id, package, version FROM env_ids WHERE env_id = ? OR env_id LIKE ?",
+                (parsed.unpinned, f"{parsed.base}-v%"),
+            ).fetchall()
         rows = [r for r in rows if parse_env_id(r["env_id"]).base == parsed.base]
         if parsed.version is None and rows:  # unversioned: the highest -vN published
             top = max(parse_env_id(r["env_id"]).version or 0 for r in rows)
@@ -330,13 +367,17 @@ class LocalRegistry:
         if parsed.pin is not None:
             pinned = [r for r in releases if Version(r.version) == Version(names.package_version(parsed.pin))]
             if not pinned:
-                raise NotFound(f"{parsed.unpinned!r} has no package version {parsed.pin}; published: "
-                               f"{sorted((r.version for r in releases), key=Version)}")
+                raise NotFound(
+                    f"{parsed.unpinned!r} has no package version {parsed.pin}; published: "
+                    f"{sorted((r.version for r in releases), key=Version)}"
+                )
             return pinned[0]
         newest = _newest([r for r in releases if not r.yanked])
         if newest is None:
-            raise NotFound(f"every version providing {parsed.unpinned!r} is yanked "
-                           f"({', '.join(r.version for r in releases)}); pin one with '@<version>' to install it anyway")
+            raise NotFound(
+                f"every version providing {parsed.unpinned!r} is yanked "
+                f"({', '.join(r.version for r in releases)}); pin one with '@<version>' to install it anyway"
+            )
         return newest
 
     def file_path(self, package: str, filename: str) -> Path:
@@ -354,30 +395,58 @@ class LocalRegistry:
         return target
 
     def _release_info(self, db: sqlite3.Connection, row: sqlite3.Row) -> ReleaseInfo:
-        files = db.execute("SELECT * FROM files WHERE package = ? AND version = ? ORDER BY kind DESC",
-                           (row["package"], row["version"])).fetchall()
-        env_ids = [r["env_id"] for r in db.execute("SELECT env_id FROM env_ids WHERE package = ? AND version = ? "
-                                                   "ORDER BY env_id", (row["package"], row["version"]))]
+        files = db.execute(
+            "SELECT * FROM files WHERE package = ? AND version = ? ORDER BY kind DESC", (row["package"], row["version"])
+        ).fetchall()
+        env_ids = [
+            r["env_id"]
+            for r in db.execute(
+                "SELECT env_id FROM env_ids WHERE package = ? AND version = ? ORDER BY env_id",
+                (row["package"], row["version"]),
+            )
+        ]
         return ReleaseInfo(
-            package=row["package"], version=row["version"], content_hash=row["content_hash"], summary=row["summary"],
-            requires_python=row["requires_python"], env_ids=env_ids, manifests=json.loads(row["manifests"]),
-            publisher=row["publisher"], uploaded=row["uploaded"], yanked=bool(row["yanked"]),
+            package=row["package"],
+            version=row["version"],
+            content_hash=row["content_hash"],
+            summary=row["summary"],
+            requires_python=row["requires_python"],
+            env_ids=env_ids,
+            manifests=json.loads(row["manifests"]),
+            publisher=row["publisher"],
+            uploaded=row["uploaded"],
+            yanked=bool(row["yanked"]),
             yanked_reason=row["yanked_reason"],
-            files=[FileInfo(filename=f["filename"], kind=f["kind"], sha256=f["sha256"], size=f["size"],
-                            url=f"files/{f['package']}/{f['filename']}") for f in files])
+            files=[
+                FileInfo(
+                    filename=f["filename"],
+                    kind=f["kind"],
+                    sha256=f["sha256"],
+                    size=f["size"],
+                    url=f"files/{f['package']}/{f['filename']}",
+                )
+                for f in files
+            ],
+        )
 
     # -- publish tokens (stored as sha256 digests; the token itself is shown once, at minting) --
     def mint_token(self, publisher: str) -> tuple[int, str]:
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
         with self._write() as db:
-            cursor = db.execute("INSERT INTO tokens (publisher, digest, created) VALUES (?, ?, ?)",
-                                (names.publisher_name(publisher), _digest(token), time.time()))
+            cursor = db.execute(
+                "INSERT INTO tokens (publisher, digest, created) VALUES (?, ?, ?)",
+                (names.publisher_name(publisher), _digest(token), time.time()),
+            )
         return int(cursor.lastrowid or 0), token
 
     def revoke_token(self, token_id: int) -> TokenInfo:
         with self._write() as db:
-            if db.execute("UPDATE tokens SET revoked = ? WHERE id = ? AND revoked IS NULL",
-                          (time.time(), token_id)).rowcount == 0:
+            if (
+                db.execute(
+                    "UPDATE tokens SET revoked = ? WHERE id = ? AND revoked IS NULL", (time.time(), token_id)
+                ).rowcount
+                == 0
+            ):
                 raise NotFound(f"no active token with id {token_id}; see `molt-env token list`")
         return next(t for t in self.tokens() if t.id == token_id)
 
@@ -389,8 +458,9 @@ class LocalRegistry:
     def token_publisher(self, token: str) -> str | None:
         """The publisher of an active token, or None."""
         with self._connect() as db:
-            row = db.execute("SELECT publisher FROM tokens WHERE digest = ? AND revoked IS NULL",
-                             (_digest(token),)).fetchone()
+            row = db.execute(
+                "SELECT publisher FROM tokens WHERE digest = ? AND revoked IS NULL", (_digest(token),)
+            ).fetchone()
         return row["publisher"] if row else None
 
 

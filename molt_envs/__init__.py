@@ -10,6 +10,18 @@ from molt_envs.runners import Runner, StepEnvRunner, load_agent_runner, render_p
 from molt_envs.trajectory import Trajectory
 
 __all__ = [
-    "ChatAgent", "ChatAgentRunner", "ChatContext", "Engine", "Env", "Generation", "Result", "Runner",
-    "SamplingParams", "StepEnvRunner", "StepState", "Trajectory", "load_agent_runner", "render_prompt",
+    "ChatAgent",
+    "ChatAgentRunner",
+    "ChatContext",
+    "Engine",
+    "Env",
+    "Generation",
+    "Result",
+    "Runner",
+    "SamplingParams",
+    "StepEnvRunner",
+    "StepState",
+    "Trajectory",
+    "load_agent_runner",
+    "render_prompt",
 ]

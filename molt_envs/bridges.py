@@ -57,9 +57,15 @@ class _TextBridge(Env):
 class GymnasiumEnv(_TextBridge):
     """One Gymnasium episode per molt episode; the model's text is the action each turn."""
 
-    def __init__(self, gym_id: str, make_kwargs: dict[str, Any] | None = None, seed: int | None = None,
-                 action_parser: str | None = None, observation_formatter: str | None = None,
-                 turn_template: str = CHATML_TURN) -> None:
+    def __init__(
+        self,
+        gym_id: str,
+        make_kwargs: dict[str, Any] | None = None,
+        seed: int | None = None,
+        action_parser: str | None = None,
+        observation_formatter: str | None = None,
+        turn_template: str = CHATML_TURN,
+    ) -> None:
         import gymnasium
 
         super().__init__(action_parser, observation_formatter, turn_template)
@@ -79,9 +85,13 @@ class GymnasiumEnv(_TextBridge):
         observation, reward, terminated, truncated, _ = self.env.step(action)
         self.total_reward += float(reward)
         done = bool(terminated or truncated)
-        return Result(reward=float(reward), terminated=bool(terminated), truncated=bool(truncated),
-                      observation="" if done else self._turn(observation),
-                      info={"invalid_action": 0.0, "total_reward": self.total_reward})
+        return Result(
+            reward=float(reward),
+            terminated=bool(terminated),
+            truncated=bool(truncated),
+            observation="" if done else self._turn(observation),
+            info={"invalid_action": 0.0, "total_reward": self.total_reward},
+        )
 
     async def close(self) -> None:
         self.env.close()
@@ -95,9 +105,17 @@ class PettingZooEnv(_TextBridge):
     The reward of a turn is what the model's agent earned since its previous turn.
     """
 
-    def __init__(self, env_factory: str, agent: str, env_kwargs: dict[str, Any] | None = None, seed: int | None = None,
-                 opponent_policy: str | None = None, action_parser: str | None = None,
-                 observation_formatter: str | None = None, turn_template: str = CHATML_TURN) -> None:
+    def __init__(
+        self,
+        env_factory: str,
+        agent: str,
+        env_kwargs: dict[str, Any] | None = None,
+        seed: int | None = None,
+        opponent_policy: str | None = None,
+        action_parser: str | None = None,
+        observation_formatter: str | None = None,
+        turn_template: str = CHATML_TURN,
+    ) -> None:
         super().__init__(action_parser, observation_formatter, turn_template)
         self.env = load_callable(env_factory, None)(**(env_kwargs or {}))
         self.agent = agent
@@ -135,8 +153,12 @@ class PettingZooEnv(_TextBridge):
         self.env.step(action)
         observation, earned, done = self._advance_to_me()
         self.total_reward += earned
-        return Result(reward=earned, terminated=done, observation="" if done else self._turn(observation),
-                      info={"invalid_action": 0.0, "total_reward": self.total_reward})
+        return Result(
+            reward=earned,
+            terminated=done,
+            observation="" if done else self._turn(observation),
+            info={"invalid_action": 0.0, "total_reward": self.total_reward},
+        )
 
     async def close(self) -> None:
         self.env.close()

@@ -51,14 +51,16 @@ async def close_session_servers() -> None:
 class ChatAgentRunner(Runner):
     """``agent_factory`` is called once per rollout and must return a ``ChatAgent``."""
 
-    def __init__(self, agent_factory: Callable[[], ChatAgent], *, env_id: str | None = None,
-                 spec_hash: str | None = None) -> None:
+    def __init__(
+        self, agent_factory: Callable[[], ChatAgent], *, env_id: str | None = None, spec_hash: str | None = None
+    ) -> None:
         self.agent_factory = agent_factory
         self.env_id = env_id
         self.spec_hash = spec_hash
 
-    async def execute(self, prompt, label, sampling_params, max_length, tokenizer, engine, images=None,
-                      tools=None) -> list[Trajectory]:
+    async def execute(
+        self, prompt, label, sampling_params, max_length, tokenizer, engine, images=None, tools=None
+    ) -> list[Trajectory]:
         params = SamplingParams.coerce(sampling_params)
         stage, server, session, result = "start server", None, None, None
         try:
@@ -71,10 +73,20 @@ class ChatAgentRunner(Runner):
             stage = "run"
             base_url, session_url = server.urls(session.session_id)
             messages = _messages(prompt)
-            ctx = ChatContext(messages=messages, tools=tools, prompt=_last_user_text(messages), label=label,
-                              images=list(images) if images else None, base_url=base_url, session_url=session_url,
-                              model_name=MODEL_NAME, api_key=API_KEY, session_id=session.session_id,
-                              sampling_params=params, max_length=max_length)
+            ctx = ChatContext(
+                messages=messages,
+                tools=tools,
+                prompt=_last_user_text(messages),
+                label=label,
+                images=list(images) if images else None,
+                base_url=base_url,
+                session_url=session_url,
+                model_name=MODEL_NAME,
+                api_key=API_KEY,
+                session_id=session.session_id,
+                sampling_params=params,
+                max_length=max_length,
+            )
             outcome = await agent.run(ctx)
             if not isinstance(outcome, Result):
                 raise TypeError(f"ChatAgent.run must return a molt_envs.Result, got {type(outcome).__name__}")
@@ -87,8 +99,15 @@ class ChatAgentRunner(Runner):
                 server.close_session(session.session_id)
         return self._stamp(session, result, failure, prompt, label, images)
 
-    def _stamp(self, session: Any, result: Result | None, failure: str | None, prompt: Any, label: Any,
-               images: list[Any] | None) -> list[Trajectory]:
+    def _stamp(
+        self,
+        session: Any,
+        result: Result | None,
+        failure: str | None,
+        prompt: Any,
+        label: Any,
+        images: list[Any] | None,
+    ) -> list[Trajectory]:
         segments = list(session.segments) if session is not None else []
         if not segments:
             segments = [self._new_trajectory(prompt, label, images)]
@@ -108,8 +127,10 @@ class ChatAgentRunner(Runner):
 
 def _nothing_generated(session: Any, max_length: int) -> str:
     if session.refused:
-        return (f"run: nothing was generated: {session.refused} call(s) found no room under max_length={max_length} "
-                "(the prompt is too long)")
+        return (
+            f"run: nothing was generated: {session.refused} call(s) found no room under max_length={max_length} "
+            "(the prompt is too long)"
+        )
     return "run: the agent finished without a model call; nothing to train"
 
 

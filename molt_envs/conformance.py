@@ -41,14 +41,23 @@ class CheckReport:
 
     def render(self) -> str:
         lines = [f"conformance report for {self.subject}"]
-        lines += [f"  {'PASS' if c.passed else 'FAIL'}  {c.name}" + (f": {c.detail}" if c.detail else "") for c in self.checks]
+        lines += [
+            f"  {'PASS' if c.passed else 'FAIL'}  {c.name}" + (f": {c.detail}" if c.detail else "") for c in self.checks
+        ]
         failed = sum(not c.passed for c in self.checks)
         lines.append(f"{len(self.checks) - failed} passed, {failed} failed")
         return "\n".join(lines)
 
 
-def check_env(factory: Callable[[], Any], rows: Sequence[dict[str, Any]], *, subject: str, kind: str = "env",
-              reward_range: tuple[float, float] = (-math.inf, math.inf), deterministic: bool = False) -> CheckReport:
+def check_env(
+    factory: Callable[[], Any],
+    rows: Sequence[dict[str, Any]],
+    *,
+    subject: str,
+    kind: str = "env",
+    reward_range: tuple[float, float] = (-math.inf, math.inf),
+    deterministic: bool = False,
+) -> CheckReport:
     """Run every check; ``rows`` are dataset rows with ``prompt``, ``label`` and optionally ``reference``."""
     return asyncio.run(_check(factory, list(rows), subject, kind, reward_range, deterministic))
 
@@ -61,15 +70,30 @@ async def _check(factory, rows, subject, kind, reward_range, deterministic) -> C
     except Exception as exc:
         report.add("instantiate", False, f"constructing the env raised {type(exc).__name__}: {exc}")
         return report
-    if not report.add("instantiate", isinstance(first, base), f"made a {type(first).__name__}, expected a {base.__name__}"
-                      if not isinstance(first, base) else f"{type(first).__name__}"):
+    if not report.add(
+        "instantiate",
+        isinstance(first, base),
+        f"made a {type(first).__name__}, expected a {base.__name__}"
+        if not isinstance(first, base)
+        else f"{type(first).__name__}",
+    ):
         return report
-    report.add("fresh instance per episode", first is not second, "" if first is not second else
-               "the factory returned the same object twice; envs must not be shared across episodes")
-    report.add("dataset rows", bool(rows) and all("prompt" in r and "label" in r for r in rows),
-               f"{len(rows)} sample rows" if rows else "no dataset rows to check against; declare a dataset split")
+    report.add(
+        "fresh instance per episode",
+        first is not second,
+        ""
+        if first is not second
+        else "the factory returned the same object twice; envs must not be shared across episodes",
+    )
+    report.add(
+        "dataset rows",
+        bool(rows) and all("prompt" in r and "label" in r for r in rows),
+        f"{len(rows)} sample rows" if rows else "no dataset rows to check against; declare a dataset split",
+    )
     if kind == "chat_agent":
-        if report.add("run is async", inspect.iscoroutinefunction(type(first).run), "ChatAgent.run must be `async def`"):
+        if report.add(
+            "run is async", inspect.iscoroutinefunction(type(first).run), "ChatAgent.run must be `async def`"
+        ):
             await _check_chat_rows(report, factory, rows[:2], reward_range, deterministic)
         return report
     for i, row in enumerate(rows[:3]):
@@ -88,8 +112,11 @@ async def _check_row(report, factory, row, i, reward_range, deterministic) -> No
     finally:
         await env.close()
     ok = isinstance(start, dict) and isinstance(start.get("observation"), str | list)
-    report.add(f"row {i}: reset", ok, "" if ok else f"reset must return a dict with an 'observation' str or message "
-               f"list, got {start!r:.120}")
+    report.add(
+        f"row {i}: reset",
+        ok,
+        "" if ok else f"reset must return a dict with an 'observation' str or message list, got {start!r:.120}",
+    )
     actions = {"garbage action": GARBAGE_ACTION}
     if row.get("reference"):
         actions = {"reference action": str(row["reference"]), **actions}
@@ -109,7 +136,9 @@ async def _check_row(report, factory, row, i, reward_range, deterministic) -> No
             if bad:
                 problems.append(f"info values must be scalars for logging, got {bad!r:.120}")
             if what == "reference action" and result.reward != hi:
-                problems.append(f"the reference completion scored {result.reward}, expected the top of the range ({hi})")
+                problems.append(
+                    f"the reference completion scored {result.reward}, expected the top of the range ({hi})"
+                )
             if deterministic and isinstance(results[1], Result) and results[1].reward != result.reward:
                 problems.append(f"declared deterministic but rewards differ: {result.reward} vs {results[1].reward}")
         report.add(f"row {i}: {what}", not problems, "; ".join(problems) or f"reward={result.reward}")
@@ -119,8 +148,16 @@ async def _step(factory, row, action) -> Result | Exception:
     env = factory()
     try:
         await env.reset({"observation": row["prompt"], "label": row["label"], "images": []})
-        return await env.step({"observation_text": str(row["prompt"]) + action, "action_text": action,
-                               "label": row["label"], "sampling_params": SamplingParams(), "turn": 0, "images": []})
+        return await env.step(
+            {
+                "observation_text": str(row["prompt"]) + action,
+                "action_text": action,
+                "label": row["label"],
+                "sampling_params": SamplingParams(),
+                "turn": 0,
+                "images": [],
+            }
+        )
     except Exception as exc:
         return exc
     finally:
@@ -156,12 +193,15 @@ async def _check_chat_rows(report, factory, rows, reward_range, deterministic) -
                     if bad:
                         problems.append(f"info values must be scalars for logging, got {bad!r:.120}")
                     if what == "reference completion" and reward != hi:
-                        problems.append(f"the reference completion scored {reward}, expected the top of the range ({hi})")
+                        problems.append(
+                            f"the reference completion scored {reward}, expected the top of the range ({hi})"
+                        )
                     if deterministic and runs[1][0].reward != reward:
                         problems.append(f"declared deterministic but rewards differ: {reward} vs {runs[1][0].reward}")
-                detail = "; ".join(problems) or (f"reward={reward}, {len(segments)} segment(s), "
-                                                 f"{sum(s.num_action_tokens for s in segments)} action tokens")
+                detail = "; ".join(problems) or (
+                    f"reward={reward}, {len(segments)} segment(s), "
+                    f"{sum(s.num_action_tokens for s in segments)} action tokens"
+                )
                 report.add(f"row {i}: {what} (through the session server)", not problems, detail)
     finally:
         await close_session_servers()
-

@@ -24,6 +24,8 @@ class Generation:
 
 @runtime_checkable
 class Engine(Protocol):
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None
+    ) -> Generation:
         """Generate a continuation of ``prompt_ids`` (the exact accumulated context)."""
         ...

@@ -43,14 +43,21 @@ class ByteChatTokenizer:
                 out.append(SPECIALS[i - 256])
         return "".join(out) + run.decode("utf-8", errors="replace")
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
-                            tokenize: bool = False, add_generation_prompt: bool = False) -> str:
+    def apply_chat_template(
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        tokenize: bool = False,
+        add_generation_prompt: bool = False,
+    ) -> str:
         parts = []
         system = messages[0]["content"] if messages and messages[0]["role"] == "system" else None
         if tools:
             listed = "\n".join(json.dumps(t) for t in tools)
-            parts.append(f"<|im_start|>system\n{system + chr(10) * 2 if system else ''}# Tools\n<tools>\n{listed}\n"
-                         "</tools><|im_end|>\n")
+            parts.append(
+                f"<|im_start|>system\n{system + chr(10) * 2 if system else ''}# Tools\n<tools>\n{listed}\n"
+                "</tools><|im_end|>\n"
+            )
         elif system is not None:
             parts.append(f"<|im_start|>system\n{system}<|im_end|>\n")
         for i, m in enumerate(messages):
@@ -62,8 +69,10 @@ class ByteChatTokenizer:
             elif m["role"] == "tool":
                 first = i == 0 or messages[i - 1]["role"] != "tool"
                 last = i == len(messages) - 1 or messages[i + 1]["role"] != "tool"
-                parts.append(("<|im_start|>user" if first else "") + f"\n<tool_response>\n{m['content']}\n"
-                             "</tool_response>" + ("<|im_end|>\n" if last else ""))
+                parts.append(
+                    ("<|im_start|>user" if first else "") + f"\n<tool_response>\n{m['content']}\n"
+                    "</tool_response>" + ("<|im_end|>\n" if last else "")
+                )
             else:
                 parts.append(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n")
         return "".join(parts) + ("<|im_start|>assistant\n" if add_generation_prompt else "")
@@ -83,7 +92,9 @@ class ReplayEngine:
         self.eos = tokenizer.eos_token_id
         self.calls = 0
 
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None
+    ) -> Generation:
         self.calls += 1
-        ids = self.ids[:params.max_tokens]
+        ids = self.ids[: params.max_tokens]
         return Generation(ids, [0.0] * len(ids), "stop" if ids and ids[-1] == self.eos else "length")

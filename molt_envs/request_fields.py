@@ -59,8 +59,9 @@ def text_of(content: Any, where: str) -> str:
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise BadRequest(f"{where}[{i}] must be an object with a 'type'")
         if part["type"] != "text":
-            raise BadRequest(f"{where}[{i}] has type {part['type']!r}; this server's text engine accepts "
-                             "only text parts")
+            raise BadRequest(
+                f"{where}[{i}] has type {part['type']!r}; this server's text engine accepts only text parts"
+            )
         if not isinstance(part.get("text"), str):
             raise BadRequest(f"{where}[{i}].text must be a string")
         texts.append(part["text"])
@@ -83,7 +84,9 @@ def session_params(value: Any, base: SamplingParams) -> SamplingParams:
     known = {f.name for f in fields(SamplingParams)}
     unknown = sorted(set(value) - known)
     if unknown:
-        raise BadRequest(f"sampling_params has unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}")
+        raise BadRequest(
+            f"sampling_params has unknown field(s) {', '.join(unknown)}; known: {', '.join(sorted(known))}"
+        )
     overrides = sampling_overrides(value, ("max_tokens",))
     min_tokens = optional(value, "min_tokens", int, "a non-negative integer")
     if min_tokens is not None:
@@ -99,4 +102,3 @@ def session_params(value: Any, base: SamplingParams) -> SamplingParams:
         return base.updated(**overrides)
     except ValueError as exc:
         raise BadRequest(str(exc)) from None
-

@@ -67,15 +67,22 @@ class Runner(ABC):
     ) -> Trajectory | list[Trajectory]: ...
 
     def _new_trajectory(self, prompt: Any, label: Any, images: list[Any] | None) -> Trajectory:
-        return Trajectory(prompt=prompt, label=label, images=list(images or []), env_id=self.env_id,
-                          spec_hash=self.spec_hash)
+        return Trajectory(
+            prompt=prompt, label=label, images=list(images or []), env_id=self.env_id, spec_hash=self.spec_hash
+        )
 
 
 class StepEnvRunner(Runner):
     """The framework-owned loop over an ``Env``; ``env_factory`` is called once per episode."""
 
-    def __init__(self, env_factory: Callable[[], Env], *, env_id: str | None = None, spec_hash: str | None = None,
-                 max_turns: int | None = None) -> None:
+    def __init__(
+        self,
+        env_factory: Callable[[], Env],
+        *,
+        env_id: str | None = None,
+        spec_hash: str | None = None,
+        max_turns: int | None = None,
+    ) -> None:
         self.env_factory = env_factory
         self.env_id = env_id
         self.spec_hash = spec_hash
@@ -95,11 +102,14 @@ class StepEnvRunner(Runner):
             stage[0] = "tokenize"
             context, prompt_ids = await self._render(tokenizer, start["observation"], start.get("tools", tools))
             if len(prompt_ids) >= max_length:
-                raise ValueError(f"prompt is {len(prompt_ids)} tokens, which leaves no room under max_length={max_length}")
+                raise ValueError(
+                    f"prompt is {len(prompt_ids)} tokens, which leaves no room under max_length={max_length}"
+                )
             traj.append_observation(prompt_ids)
             traj.prompt_len = len(prompt_ids)
-            await self._loop(env, traj, context, label, SamplingParams.coerce(sampling_params), max_length,
-                             tokenizer, engine, stage)
+            await self._loop(
+                env, traj, context, label, SamplingParams.coerce(sampling_params), max_length, tokenizer, engine, stage
+            )
         except Exception as exc:  # failure isolation: the episode ends, the reason is recorded, nothing propagates
             traj.failure = f"{stage[0]}: {type(exc).__name__}: {exc}"
         finally:
@@ -144,8 +154,16 @@ class StepEnvRunner(Runner):
             action_text = await tokenizer_work(4 * len(gen.token_ids), _decode, tokenizer, gen.token_ids)
             context += action_text
             stage[0] = "step"
-            result = await env.step({"observation_text": context, "action_text": action_text, "label": label,
-                                     "sampling_params": params.updated(), "turn": turn, "images": list(traj.images)})
+            result = await env.step(
+                {
+                    "observation_text": context,
+                    "action_text": action_text,
+                    "label": label,
+                    "sampling_params": params.updated(),
+                    "turn": turn,
+                    "images": list(traj.images),
+                }
+            )
             if not isinstance(result, Result):
                 raise TypeError(f"Env.step must return a molt_envs.Result, got {type(result).__name__}")
             turn += 1
@@ -192,5 +210,7 @@ def load_agent_runner(path: str | Path) -> Runner:
     spec.loader.exec_module(module)
     runner_cls = getattr(module, "AgentRunner", None)
     if not (isinstance(runner_cls, type) and issubclass(runner_cls, Runner)):
-        raise TypeError(f"{path} must define `AgentRunner`, a subclass of molt_envs.Runner (StepEnvRunner or ChatAgentRunner)")
+        raise TypeError(
+            f"{path} must define `AgentRunner`, a subclass of molt_envs.Runner (StepEnvRunner or ChatAgentRunner)"
+        )
     return runner_cls()

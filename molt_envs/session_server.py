@@ -48,10 +48,20 @@ class _Problem(Exception):
 
 
 class SessionServer:
-    def __init__(self, engine: Engine, tokenizer: Any, *, host: str = "127.0.0.1", port: int = 0,
-                 model_name: str = "policy", params: SamplingParams | None = None, max_length: int | None = None,
-                 max_body_bytes: int = MAX_BODY_BYTES, max_sessions: int = 100_000,
-                 session_ttl_s: float | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_name: str = "policy",
+        params: SamplingParams | None = None,
+        max_length: int | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
+        max_sessions: int = 100_000,
+        session_ttl_s: float | None = None,
+    ) -> None:
         self.engine = engine
         self.template = ChatTemplate(tokenizer)
         self.host, self.port = host, port
@@ -69,16 +79,26 @@ class SessionServer:
         self._task: asyncio.Task | None = None
 
     # -- sessions --
-    def open_session(self, *, params: SamplingParams | None = None, max_length: int | None = None,
-                     prompt: Any = None, label: Any = None) -> Session:
+    def open_session(
+        self,
+        *,
+        params: SamplingParams | None = None,
+        max_length: int | None = None,
+        prompt: Any = None,
+        label: Any = None,
+    ) -> Session:
         self._expire_idle()
         if len(self.sessions) >= self.max_sessions:
-            raise _Problem(429, f"{len(self.sessions)} sessions are open (limit {self.max_sessions}); "
-                                "DELETE /sessions/{id} the finished ones")
+            raise _Problem(
+                429,
+                f"{len(self.sessions)} sessions are open (limit {self.max_sessions}); "
+                "DELETE /sessions/{id} the finished ones",
+            )
         positions = getattr(self.engine, "max_positions", None)  # a context limit longer than the model's is moot
         max_length = min(max_length or self.max_length, positions or 1 << 62)
-        session = Session(self.engine, self.template, params=params or self.params, max_length=max_length,
-                          prompt=prompt, label=label)
+        session = Session(
+            self.engine, self.template, params=params or self.params, max_length=max_length, prompt=prompt, label=label
+        )
         self.sessions[session.session_id] = session
         return session
 
@@ -94,8 +114,9 @@ class SessionServer:
         if self.session_ttl_s is None or now - self._swept < self.session_ttl_s / 10:
             return
         self._swept = now
-        for session_id in [i for i, s in self.sessions.items()
-                           if now - s.last_used > self.session_ttl_s and not s.lock.locked()]:  # none mid-call
+        for session_id in [
+            i for i, s in self.sessions.items() if now - s.last_used > self.session_ttl_s and not s.lock.locked()
+        ]:  # none mid-call
             self.close_session(session_id)
 
     def urls(self, session_id: str, root: str | None = None) -> tuple[str, str]:
@@ -116,14 +137,15 @@ class SessionServer:
             sock.bind((self.host, self.port))
         except OSError as exc:
             sock.close()
-            raise OSError(f"the session server cannot listen on {self.host}:{self.port}: {exc}; pick another "
-                          "--host/--port (port 0 picks a free one)") from exc
+            raise OSError(
+                f"the session server cannot listen on {self.host}:{self.port}: {exc}; pick another "
+                "--host/--port (port 0 picks a free one)"
+            ) from exc
         sock.set_inheritable(True)
         port = sock.getsockname()[1]
         host = f"[{self.host}]" if family == socket.AF_INET6 else self.host
         self.url = f"http://{'127.0.0.1' if self.host == '0.0.0.0' else host}:{port}"
-        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False,
-                                timeout_keep_alive=60)
+        config = uvicorn.Config(self.app, log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=60)
         self._server = _InLoopServer(config)
         self._task = asyncio.get_running_loop().create_task(self._server.serve(sockets=[sock]))
         while not self._server.started:
@@ -166,8 +188,9 @@ class SessionServer:
                 if body.get("sampling_params") is not None:
                     params = session_params(body["sampling_params"], self.params)
                 max_length = body.get("max_length")
-                if max_length is not None and (not isinstance(max_length, int) or isinstance(max_length, bool)
-                                               or max_length < 1):
+                if max_length is not None and (
+                    not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 1
+                ):
                     raise BadRequest(f"max_length must be a positive integer, got {json.dumps(max_length)[:80]}")
                 session = self.open_session(params=params, max_length=max_length)
             except BadRequest as exc:
@@ -215,19 +238,25 @@ class SessionServer:
         except SessionClosed as exc:
             return JSONResponse(wire.error(str(exc), 404), status_code=404)
         except RecursionError:
-            return JSONResponse(wire.error("the request nests deeper than the server parses; flatten it", 400),
-                                status_code=400)
+            return JSONResponse(
+                wire.error("the request nests deeper than the server parses; flatten it", 400), status_code=400
+            )
         except Exception as exc:  # the engine or the server failed, not the request
             return JSONResponse(wire.error(f"generation failed: {type(exc).__name__}: {exc}", 500), status_code=500)
         if stream:
-            events = (wire_openai.encode_stream(reply, self.model_name, include_usage) if wire is wire_openai
-                      else wire_anthropic.encode_stream(reply, self.model_name))
-            response: Response = StreamingResponse(events, media_type="text/event-stream",
-                                                   headers={"cache-control": "no-cache"})
+            events = (
+                wire_openai.encode_stream(reply, self.model_name, include_usage)
+                if wire is wire_openai
+                else wire_anthropic.encode_stream(reply, self.model_name)
+            )
+            response: Response = StreamingResponse(
+                events, media_type="text/event-stream", headers={"cache-control": "no-cache"}
+            )
         else:
             response = JSONResponse(wire.encode(reply, self.model_name))
-        response.headers["server-timing"] = (f"handler;dur={(time.perf_counter() - started) * 1000:.3f}, "
-                                             f"engine;dur={reply.engine_s * 1000:.3f}")
+        response.headers["server-timing"] = (
+            f"handler;dur={(time.perf_counter() - started) * 1000:.3f}, engine;dur={reply.engine_s * 1000:.3f}"
+        )
         return response
 
     async def _read(self, request: Request) -> bytes:
@@ -265,4 +294,3 @@ def _json_object(raw: bytes) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise BadRequest(f"the request body must be a JSON object, got {type(body).__name__}")
     return body
-

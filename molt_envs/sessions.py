@@ -78,21 +78,28 @@ class ChatTemplate:
 
     def __init__(self, tokenizer: Any) -> None:
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"tokenizer {type(tokenizer).__name__} has no chat_template; the session server renders "
-                             "every request through it. Set tokenizer.chat_template.")
+            raise ValueError(
+                f"tokenizer {type(tokenizer).__name__} has no chat_template; the session server renders "
+                "every request through it. Set tokenizer.chat_template."
+            )
         self.tokenizer = tokenizer
         probe = self.render([{"role": "user", "content": "u"}, {"role": "assistant", "content": _PROBE}], None, False)
         if _PROBE not in probe:
-            raise ValueError("the chat template does not render an assistant message's content verbatim; "
-                             "token-exact continuation needs it to")
-        self.turn_end = probe[probe.index(_PROBE) + len(_PROBE):]  # ChatML: "<|im_end|>\n"
+            raise ValueError(
+                "the chat template does not render an assistant message's content verbatim; "
+                "token-exact continuation needs it to"
+            )
+        self.turn_end = probe[probe.index(_PROBE) + len(_PROBE) :]  # ChatML: "<|im_end|>\n"
 
-    def render(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool) -> str:
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
+    ) -> str:
         from jinja2 import TemplateError  # what transformers renders chat templates with
 
         try:
-            return self.tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                                      add_generation_prompt=generation_prompt)
+            return self.tokenizer.apply_chat_template(
+                messages, tools=tools or None, tokenize=False, add_generation_prompt=generation_prompt
+            )
         except TemplateError as exc:  # e.g. a template's raise_exception on the conversation's shape
             raise BadRequest(f"the chat template refused the conversation: {exc}") from None
 
@@ -105,7 +112,7 @@ class ChatTemplate:
     def closing(self, stop_text: str | None) -> str:
         """Template text that follows an assistant turn and is not in its generated ids."""
         if stop_text and stop_text in self.turn_end:
-            return self.turn_end[self.turn_end.index(stop_text) + len(stop_text):]
+            return self.turn_end[self.turn_end.index(stop_text) + len(stop_text) :]
         return self.turn_end  # cut off by length (or an unknown stop token): close the turn as the template does
 
 
@@ -119,8 +126,17 @@ class _Plan:
 class Session:
     """One rollout's conversation with the policy; ``segments`` are its token-exact trajectories."""
 
-    def __init__(self, engine: Engine, template: ChatTemplate, *, params: SamplingParams, max_length: int,
-                 session_id: str | None = None, prompt: Any = None, label: Any = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        template: ChatTemplate,
+        *,
+        params: SamplingParams,
+        max_length: int,
+        session_id: str | None = None,
+        prompt: Any = None,
+        label: Any = None,
+    ) -> None:
         if max_length <= 0:
             raise ValueError(f"max_length must be positive, got {max_length}")
         self.engine = engine
@@ -161,8 +177,10 @@ class Session:
                 try:  # the client's fault only if its text has an unpaired surrogate (an escape such as \\ud800)
                     json.dumps([request.messages, request.tools], ensure_ascii=False).encode()
                 except UnicodeEncodeError:
-                    raise BadRequest(f"the conversation cannot be tokenized ({type(exc).__name__}: {exc}): a message "
-                                     "holds an unpaired surrogate escape such as \\ud800") from None
+                    raise BadRequest(
+                        f"the conversation cannot be tokenized ({type(exc).__name__}: {exc}): a message "
+                        "holds an unpaired surrogate escape such as \\ud800"
+                    ) from None
                 raise
             context = len(plan.ids) + (0 if plan.new_segment else len(self.segments[-1].token_ids))
             budget = min(params.max_tokens, self.max_length - context)
@@ -179,14 +197,16 @@ class Session:
                 raise RuntimeError(f"engine returned {len(gen.token_ids)} tokens but {len(gen.log_probs)} log-probs")
             stopped = gen.finish_reason == "stop" and bool(gen.token_ids)
             text_ids = gen.token_ids[:-1] if stopped else gen.token_ids
-            text, stop_text = await self._tokenizer_work(4 * len(text_ids), _decode_action, self.template, text_ids,
-                                                         gen.token_ids[-1] if stopped else None)
+            text, stop_text = await self._tokenizer_work(
+                4 * len(text_ids), _decode_action, self.template, text_ids, gen.token_ids[-1] if stopped else None
+            )
             content, calls = parse_tool_calls(text) if request.tools and request.parse_tools else (text, [])
             finish = "length" if gen.finish_reason == "length" else "tool_calls" if calls else "stop"
             reply = Reply(text, content, calls, finish, len(prompt_ids), len(gen.token_ids), engine_s)
             if self.closed:  # the trajectory was handed over meanwhile: it must not change any more
-                raise SessionClosed(f"session {self.session_id} was closed while this call generated; nothing "
-                                    "was recorded")
+                raise SessionClosed(
+                    f"session {self.session_id} was closed while this call generated; nothing was recorded"
+                )
             self._commit(request, plan, gen, stop_text)
             self._last_key, self._last_reply = key, reply
             self.last_used = time.monotonic()
@@ -201,9 +221,9 @@ class Session:
         full = self.template.render(messages, tools, True)
         history = self._history
         if history is not None and tools == self._tools and _extends(history, messages, self._last_reply):
-            prefix = self.template.render(messages[:len(history) + 1], tools, False)
+            prefix = self.template.render(messages[: len(history) + 1], tools, False)
             if full.startswith(prefix) and prefix.startswith(self._seen) and prefix.endswith(self.template.turn_end):
-                delta = self.template.closing(self._stop_text) + full[len(prefix):]
+                delta = self.template.closing(self._stop_text) + full[len(prefix) :]
                 return _Plan(False, self.template.encode(delta), full)
         return _Plan(True, self.template.encode(full), full)
 
@@ -233,8 +253,11 @@ def _extends(history: list[dict[str, Any]], messages: list[dict[str, Any]], repl
         return False
     echoed = messages[n]
     calls = [(c["function"]["name"], _arguments(c["function"]["arguments"])) for c in echoed.get("tool_calls") or []]
-    return (echoed.get("role") == "assistant" and echoed.get("content", "") == reply.content
-            and calls == [(c.name, c.arguments) for c in reply.tool_calls])
+    return (
+        echoed.get("role") == "assistant"
+        and echoed.get("content", "") == reply.content
+        and calls == [(c.name, c.arguments) for c in reply.tool_calls]
+    )
 
 
 def _arguments(raw: str) -> Any:
@@ -250,6 +273,13 @@ def _decode_action(template: ChatTemplate, text_ids: list[int], stop_id: int | N
 
 def segment_json(segment: Trajectory) -> dict[str, Any]:
     """The wire form of one segment (what ``GET /sessions/{id}/trajectory`` returns)."""
-    return {"token_ids": segment.token_ids, "action_ranges": [list(r) for r in segment.action_ranges],
-            "log_probs": segment.log_probs, "finish_reasons": segment.finish_reasons, "prompt_len": segment.prompt_len,
-            "truncated": segment.truncated, "num_turns": segment.num_turns, "rollout_id": segment.rollout_id}
+    return {
+        "token_ids": segment.token_ids,
+        "action_ranges": [list(r) for r in segment.action_ranges],
+        "log_probs": segment.log_probs,
+        "finish_reasons": segment.finish_reasons,
+        "prompt_len": segment.prompt_len,
+        "truncated": segment.truncated,
+        "num_turns": segment.num_turns,
+        "rollout_id": segment.rollout_id,
+    }

@@ -62,11 +62,20 @@ class ToolBox:
 
     schemas = [PYTHON_EXECUTOR, SHELL]
 
-    def __init__(self, provider: str = "auto", *, persistent: bool = False, max_chars: int = 4096,
-                 wall_s: float = 10.0, memory_mb: int = 1024, **sandbox_options: Any) -> None:
+    def __init__(
+        self,
+        provider: str = "auto",
+        *,
+        persistent: bool = False,
+        max_chars: int = 4096,
+        wall_s: float = 10.0,
+        memory_mb: int = 1024,
+        **sandbox_options: Any,
+    ) -> None:
         self.max_chars = max_chars
-        self._sandbox = sandboxes.open(provider, wall_s=wall_s, memory_mb=memory_mb, persistent=persistent,
-                                       **sandbox_options)
+        self._sandbox = sandboxes.open(
+            provider, wall_s=wall_s, memory_mb=memory_mb, persistent=persistent, **sandbox_options
+        )
         self._started = False
         self.calls = 0
 

@@ -35,8 +35,9 @@ def decode(body: dict[str, Any]) -> tuple[ChatRequest, bool]:
     tools = [_tool(t, i) for i, t in enumerate(optional(body, "tools", list, "a list of tools") or [])]
     choice = optional(body, "tool_choice", dict, "an object") or {}
     stream = bool(optional(body, "stream", bool, "a boolean"))
-    return ChatRequest(messages, tools or None, sampling_overrides(body, ("max_tokens",)),
-                       parse_tools=choice.get("type") != "none"), stream
+    return ChatRequest(
+        messages, tools or None, sampling_overrides(body, ("max_tokens",)), parse_tools=choice.get("type") != "none"
+    ), stream
 
 
 def _messages(message: Any, where: str) -> list[dict[str, Any]]:
@@ -58,16 +59,31 @@ def _messages(message: Any, where: str) -> list[dict[str, Any]]:
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                 raise BadRequest(f"{at} (tool_use) needs a string 'name' and an object 'input'")
-            calls.append({"id": optional_str(block.get("id"), f"{at}.id"), "type": "function", "function": {
-                "name": block["name"], "arguments": json.dumps(block.get("input", {}), ensure_ascii=False)}})
+            calls.append(
+                {
+                    "id": optional_str(block.get("id"), f"{at}.id"),
+                    "type": "function",
+                    "function": {
+                        "name": block["name"],
+                        "arguments": json.dumps(block.get("input", {}), ensure_ascii=False),
+                    },
+                }
+            )
         elif kind == "tool_result" and role == "user":
-            results.append({"role": "tool", "tool_call_id": optional_str(block.get("tool_use_id"), f"{at}.tool_use_id"),
-                            "content": text_of(block.get("content"), f"{at}.content")})
+            results.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": optional_str(block.get("tool_use_id"), f"{at}.tool_use_id"),
+                    "content": text_of(block.get("content"), f"{at}.content"),
+                }
+            )
         elif kind in ("thinking", "redacted_thinking"):
             continue
         else:
-            raise BadRequest(f"{at} has type {kind!r}, which a {role} message on this text server cannot carry; "
-                             "use text, tool_use (assistant) or tool_result (user) blocks")
+            raise BadRequest(
+                f"{at} has type {kind!r}, which a {role} message on this text server cannot carry; "
+                "use text, tool_use (assistant) or tool_result (user) blocks"
+            )
     if role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
         if calls:
@@ -77,32 +93,54 @@ def _messages(message: Any, where: str) -> list[dict[str, Any]]:
 
 
 def _tool(tool: Any, i: int) -> dict[str, Any]:
-    if not isinstance(tool, dict) or not isinstance(tool.get("name"), str) or \
-            not isinstance(tool.get("input_schema", {}), dict) or not isinstance(tool.get("description", ""), str):
+    if (
+        not isinstance(tool, dict)
+        or not isinstance(tool.get("name"), str)
+        or not isinstance(tool.get("input_schema", {}), dict)
+        or not isinstance(tool.get("description", ""), str)
+    ):
         raise BadRequest(f"tools[{i}] must be {{'name': str, 'description': str, 'input_schema': {{...}}}}")
-    return {"type": "function", "function": {"name": tool["name"], "description": tool.get("description", ""),
-                                             "parameters": tool.get("input_schema", {"type": "object"})}}
+    return {
+        "type": "function",
+        "function": {
+            "name": tool["name"],
+            "description": tool.get("description", ""),
+            "parameters": tool.get("input_schema", {"type": "object"}),
+        },
+    }
 
 
 def _blocks(reply: Reply) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
     if reply.content or not reply.tool_calls:
         blocks.append({"type": "text", "text": reply.content})
-    blocks += [{"type": "tool_use", "id": f"toolu_{c.id}", "name": c.name, "input": c.arguments}
-               for c in reply.tool_calls]
+    blocks += [
+        {"type": "tool_use", "id": f"toolu_{c.id}", "name": c.name, "input": c.arguments} for c in reply.tool_calls
+    ]
     return blocks
 
 
 def encode(reply: Reply, model: str) -> dict[str, Any]:
-    return {"id": f"msg_{uuid.uuid4().hex}", "type": "message", "role": "assistant", "model": model,
-            "content": _blocks(reply), "stop_reason": STOP_REASONS[reply.finish_reason], "stop_sequence": None,
-            "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens}}
+    return {
+        "id": f"msg_{uuid.uuid4().hex}",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": _blocks(reply),
+        "stop_reason": STOP_REASONS[reply.finish_reason],
+        "stop_sequence": None,
+        "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": reply.completion_tokens},
+    }
 
 
 def encode_stream(reply: Reply, model: str) -> Iterator[str]:
     """message_start, one start/delta/stop triple per content block, message_delta, message_stop."""
-    message = {**encode(reply, model), "content": [], "stop_reason": None,
-               "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": 0}}
+    message = {
+        **encode(reply, model),
+        "content": [],
+        "stop_reason": None,
+        "usage": {"input_tokens": reply.prompt_tokens, "output_tokens": 0},
+    }
     yield _event("message_start", {"type": "message_start", "message": message})
     for i, block in enumerate(_blocks(reply)):
         if block["type"] == "text":
@@ -113,8 +151,14 @@ def encode_stream(reply: Reply, model: str) -> Iterator[str]:
         yield _event("content_block_start", {"type": "content_block_start", "index": i, "content_block": start})
         yield _event("content_block_delta", {"type": "content_block_delta", "index": i, "delta": delta})
         yield _event("content_block_stop", {"type": "content_block_stop", "index": i})
-    yield _event("message_delta", {"type": "message_delta", "delta": {"stop_reason": STOP_REASONS[reply.finish_reason],
-                                   "stop_sequence": None}, "usage": {"output_tokens": reply.completion_tokens}})
+    yield _event(
+        "message_delta",
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": STOP_REASONS[reply.finish_reason], "stop_sequence": None},
+            "usage": {"output_tokens": reply.completion_tokens},
+        },
+    )
     yield _event("message_stop", {"type": "message_stop"})
 
 

@@ -30,17 +30,28 @@ def decode(body: dict[str, Any]) -> tuple[ChatRequest, bool, bool]:
     tools = optional(body, "tools", list, "a list of function tools")
     for i, tool in enumerate(tools or []):
         fn = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or \
-                not isinstance(fn.get("parameters", {}), dict):
-            raise BadRequest(f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}")
+        if (
+            not isinstance(fn, dict)
+            or not isinstance(fn.get("name"), str)
+            or not isinstance(fn.get("parameters", {}), dict)
+        ):
+            raise BadRequest(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}"
+            )
     if optional(body, "n", int, "1") not in (None, 1):
-        raise BadRequest(f"n must be 1 (one choice per call), got {body['n']}; for several samples of one "
-                         "conversation open a session per sample (a session answers a repeated identical request "
-                         "with its last reply, as it does an SDK's retry)")
+        raise BadRequest(
+            f"n must be 1 (one choice per call), got {body['n']}; for several samples of one "
+            "conversation open a session per sample (a session answers a repeated identical request "
+            "with its last reply, as it does an SDK's retry)"
+        )
     stream = bool(optional(body, "stream", bool, "a boolean"))
     options = optional(body, "stream_options", dict, "an object") or {}
-    request = ChatRequest(messages, tools or None, sampling_overrides(body, ("max_completion_tokens", "max_tokens")),
-                          parse_tools=body.get("tool_choice") != "none")
+    request = ChatRequest(
+        messages,
+        tools or None,
+        sampling_overrides(body, ("max_completion_tokens", "max_tokens")),
+        parse_tools=body.get("tool_choice") != "none",
+    )
     return request, stream, bool(options.get("include_usage"))
 
 
@@ -51,8 +62,10 @@ def _message(message: Any, i: int) -> dict[str, Any]:
     role = message.get("role")
     if role not in ROLES:
         raise BadRequest(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}")
-    out: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                           "content": text_of(message.get("content"), f"{where}.content")}
+    out: dict[str, Any] = {
+        "role": "system" if role == "developer" else role,
+        "content": text_of(message.get("content"), f"{where}.content"),
+    }
     calls = message.get("tool_calls")
     if role == "assistant" and calls is not None:
         if not isinstance(calls, list):
@@ -68,22 +81,32 @@ def _tool_call(call: Any, where: str) -> dict[str, Any]:
     fn = call.get("function") if isinstance(call, dict) else None
     arguments = fn.get("arguments", "{}") if isinstance(fn, dict) else None
     if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(arguments, str | dict):
-        raise BadRequest(f"{where} must be {{'id': ..., 'type': 'function', 'function': {{'name': str, "
-                         "'arguments': JSON string}}}}")
+        raise BadRequest(
+            f"{where} must be {{'id': ..., 'type': 'function', 'function': {{'name': str, "
+            "'arguments': JSON string}}}}"
+        )
     if isinstance(arguments, dict):
         arguments = json.dumps(arguments, ensure_ascii=False)
-    return {"id": optional_str(call.get("id"), f"{where}.id"), "type": "function",
-            "function": {"name": fn["name"], "arguments": arguments}}
+    return {
+        "id": optional_str(call.get("id"), f"{where}.id"),
+        "type": "function",
+        "function": {"name": fn["name"], "arguments": arguments},
+    }
 
 
 def _tool_calls(reply: Reply) -> list[dict[str, Any]]:
-    return [{"id": f"call_{c.id}", "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
-            for c in reply.tool_calls]
+    return [
+        {"id": f"call_{c.id}", "type": "function", "function": {"name": c.name, "arguments": c.arguments_json}}
+        for c in reply.tool_calls
+    ]
 
 
 def _usage(reply: Reply) -> dict[str, int]:
-    return {"prompt_tokens": reply.prompt_tokens, "completion_tokens": reply.completion_tokens,
-            "total_tokens": reply.prompt_tokens + reply.completion_tokens}
+    return {
+        "prompt_tokens": reply.prompt_tokens,
+        "completion_tokens": reply.completion_tokens,
+        "total_tokens": reply.prompt_tokens + reply.completion_tokens,
+    }
 
 
 def encode(reply: Reply, model: str) -> dict[str, Any]:
@@ -91,15 +114,24 @@ def encode(reply: Reply, model: str) -> dict[str, Any]:
     if reply.tool_calls:
         message["content"] = reply.content or None
         message["tool_calls"] = _tool_calls(reply)
-    return {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion", "created": int(time.time()),
-            "model": model, "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason,
-                                         "logprobs": None}], "usage": _usage(reply)}
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}],
+        "usage": _usage(reply),
+    }
 
 
 def encode_stream(reply: Reply, model: str, include_usage: bool) -> Iterator[str]:
     """SSE ``chat.completion.chunk`` events: role, content, tool calls, finish reason, [usage], ``[DONE]``."""
-    head = {"id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion.chunk", "created": int(time.time()),
-            "model": model}
+    head = {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion.chunk",
+        "created": int(time.time()),
+        "model": model,
+    }
 
     def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
         return _event({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})

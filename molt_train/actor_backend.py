@@ -18,14 +18,22 @@ from typing import Any
 import torch
 
 BACKENDS = ("hf", "automodel")
-AUTOMODEL_INSTALL_HINT = ("--actor.backend automodel needs NVIDIA NeMo AutoModel and a CUDA GPU: pip install "
-                          "nemo-automodel==0.7.0 (with transformers>=5.18, torchao); or use --actor.backend hf")
+AUTOMODEL_INSTALL_HINT = (
+    "--actor.backend automodel needs NVIDIA NeMo AutoModel and a CUDA GPU: pip install "
+    "nemo-automodel==0.7.0 (with transformers>=5.18, torchao); or use --actor.backend hf"
+)
 # router weights of MoE blocks: Qwen3-MoE/Mixtral `mlp.gate.weight`, AutoModel/DeepSeek `.gate.weight`/`router`
 ROUTER_PATTERN = re.compile(r"(^|\.)(gate|router)\.(weight|bias|e_score_correction_bias)$")
 
 
-def load_policy_model(backend: str, model_path: str, *, dtype: torch.dtype = torch.float32,
-                      attn_implementation: str = "sdpa", freeze_moe_router: bool = False) -> Any:
+def load_policy_model(
+    backend: str,
+    model_path: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    attn_implementation: str = "sdpa",
+    freeze_moe_router: bool = False,
+) -> Any:
     """The policy model of ``backend`` from an HF checkpoint directory."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown --actor.backend {backend!r}; choose one of {BACKENDS}")
@@ -40,8 +48,9 @@ def load_policy_model(backend: str, model_path: str, *, dtype: torch.dtype = tor
             raise ImportError(f"{AUTOMODEL_INSTALL_HINT} (import failed: {exc})") from exc
         if not torch.cuda.is_available():
             raise RuntimeError(f"{AUTOMODEL_INSTALL_HINT} (no CUDA device is visible)")
-        model = NeMoAutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation=attn_implementation,
-                                                         use_liger_kernel=False)
+        model = NeMoAutoModelForCausalLM.from_pretrained(
+            model_path, dtype=dtype, attn_implementation=attn_implementation, use_liger_kernel=False
+        )
     if freeze_moe_router:
         freeze_router(model)
     return model
@@ -51,8 +60,10 @@ def freeze_router(model: torch.nn.Module) -> list[str]:
     """Stop gradients into every MoE router parameter; returns their names."""
     frozen = [name for name, param in model.named_parameters() if ROUTER_PATTERN.search(name)]
     if not frozen:
-        raise ValueError("--actor.freeze_moe_router: the model has no MoE router parameters (no '*.gate.weight' or "
-                         "'*.router.*'); drop the flag for a dense model")
+        raise ValueError(
+            "--actor.freeze_moe_router: the model has no MoE router parameters (no '*.gate.weight' or "
+            "'*.router.*'); drop the flag for a dense model"
+        )
     params = dict(model.named_parameters())
     for name in frozen:
         params[name].requires_grad_(False)

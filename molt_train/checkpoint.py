@@ -20,8 +20,9 @@ def checkpoints_dir(output_dir: str | Path) -> Path:
     return Path(output_dir) / "checkpoints"
 
 
-def save(group: WorkerGroup, output_dir: str | Path, step: int, tokenizer_path: str, state: dict[str, Any],
-         max_num: int) -> Path:
+def save(
+    group: WorkerGroup, output_dir: str | Path, step: int, tokenizer_path: str, state: dict[str, Any], max_num: int
+) -> Path:
     root = checkpoints_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-step_{step}"
@@ -33,7 +34,7 @@ def save(group: WorkerGroup, output_dir: str | Path, step: int, tokenizer_path: 
     shutil.rmtree(final, ignore_errors=True)
     os.rename(tmp, final)
     _write_atomic(root / "latest", final.name)
-    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[:-max(max_num, 1)]:
+    for old in sorted(root.glob("step_*"), key=lambda p: int(p.name.split("_")[1]))[: -max(max_num, 1)]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 

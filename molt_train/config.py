@@ -47,8 +47,13 @@ COMMON_FLAGS: list[_Flag] = [
     ("--ray.num_cpus", int, None, "CPUs of the local Ray instance (default: all)"),
     ("--actor.model_name_or_path", str, None, "HF checkpoint directory of the policy"),
     ("--actor.num_workers", int, 1, "FSDP2 trainer processes (gloo on CPU, NCCL on GPU)"),
-    ("--actor.backend", str, "hf", f"policy model library, one of {BACKENDS}: hf (transformers) | automodel "
-                                   "(NeMo AutoModel; needs CUDA and nemo_automodel)"),
+    (
+        "--actor.backend",
+        str,
+        "hf",
+        f"policy model library, one of {BACKENDS}: hf (transformers) | automodel "
+        "(NeMo AutoModel; needs CUDA and nemo_automodel)",
+    ),
     ("--actor.freeze_moe_router", bool, False, "keep MoE router weights at their checkpoint values (MoE models only)"),
     ("--actor.adam.lr", float, 1e-6, "AdamW learning rate"),
     ("--actor.adam.betas", (float, 2), (0.9, 0.95), "AdamW betas"),
@@ -60,11 +65,26 @@ COMMON_FLAGS: list[_Flag] = [
     ("--actor.max_norm", float, 1.0, "gradient clipping norm (0 = off)"),
     ("--actor.logprob_chunk_size", int, 1024, "positions per log-prob chunk (bounds the fp32 vocab logits alive)"),
     ("--actor.gradient_checkpoint", bool, False, "recompute decoder layers in backward"),
-    ("--actor.param_dtype", str, "bfloat16", "GPU compute dtype: FSDP2 mixed precision over fp32 master weights "
-                                             "(bfloat16 | float32); CPU always computes in float32"),
-    ("--actor.compile", bool, False, "torch.compile each decoder layer and the log-prob chunk (GPU: 48% training "
-                                     "MFU at 0.6B on an H200, 2.3x eager; the first step pays ~1 min compiling)"),
-    ("--actor.num_threads", int, 0, "torch CPU threads per trainer process (0 = the host's cores / concurrent processes)"),
+    (
+        "--actor.param_dtype",
+        str,
+        "bfloat16",
+        "GPU compute dtype: FSDP2 mixed precision over fp32 master weights "
+        "(bfloat16 | float32); CPU always computes in float32",
+    ),
+    (
+        "--actor.compile",
+        bool,
+        False,
+        "torch.compile each decoder layer and the log-prob chunk (GPU: 48% training "
+        "MFU at 0.6B on an H200, 2.3x eager; the first step pays ~1 min compiling)",
+    ),
+    (
+        "--actor.num_threads",
+        int,
+        0,
+        "torch CPU threads per trainer process (0 = the host's cores / concurrent processes)",
+    ),
     ("--data.prompt_dataset", str, None, "JSONL file of prompts, overriding the env's train split"),
     ("--data.input_key", str, "input", "prompt field of --data.prompt_dataset rows"),
     ("--data.label_key", str, "label", "label field of --data.prompt_dataset rows"),
@@ -95,17 +115,41 @@ RL_FLAGS: list[_Flag] = [
     ("--train.max_epochs", int, 1, "passes over each rollout batch"),
     ("--train.async_queue_size", int, 1, "rollout batches in flight ahead of training (rollout k+1 overlaps step k)"),
     ("--train.force_sync_mode", bool, False, "strictly on-policy: the next rollout starts only after the weight sync"),
-    ("--train.partial_rollout_enable", bool, False, "sync weights while rollouts are in flight: the vllm engine "
-                                                    "pauses them, loads, and resumes on the new weights (needs IS correction)"),
-    ("--train.colocate_all", bool, False, "trainer ranks, reference and rollout engine share the GPU (fractional Ray "
-                                          "GPUs); the vllm engine then syncs by CUDA IPC. Without it, --rollout.engine "
-                                          "vllm gets GPUs of its own and syncs by NCCL broadcast"),
-    ("--actor.num_gpus_per_node", int, 0, "GPUs for the trainer (one FSDP2 rank each; sets --actor.num_workers); "
-                                          "0 = --actor.num_workers"),
-    ("--train.check_weight_update_equal", bool, False, "after every weight sync compare each engine parameter with "
-                                                       "the trainer's; a stale or unreached one stops the run, named"),
-    ("--rollout.engine", str, "hf", "rollout engine: hf (transformers; CPU or GPU) | vllm (CUDA; colocated with "
-                                    "--train.colocate_all, else on GPUs of its own)"),
+    (
+        "--train.partial_rollout_enable",
+        bool,
+        False,
+        "sync weights while rollouts are in flight: the vllm engine "
+        "pauses them, loads, and resumes on the new weights (needs IS correction)",
+    ),
+    (
+        "--train.colocate_all",
+        bool,
+        False,
+        "trainer ranks, reference and rollout engine share the GPU (fractional Ray "
+        "GPUs); the vllm engine then syncs by CUDA IPC. Without it, --rollout.engine "
+        "vllm gets GPUs of its own and syncs by NCCL broadcast",
+    ),
+    (
+        "--actor.num_gpus_per_node",
+        int,
+        0,
+        "GPUs for the trainer (one FSDP2 rank each; sets --actor.num_workers); 0 = --actor.num_workers",
+    ),
+    (
+        "--train.check_weight_update_equal",
+        bool,
+        False,
+        "after every weight sync compare each engine parameter with "
+        "the trainer's; a stale or unreached one stops the run, named",
+    ),
+    (
+        "--rollout.engine",
+        str,
+        "hf",
+        "rollout engine: hf (transformers; CPU or GPU) | vllm (CUDA; colocated with "
+        "--train.colocate_all, else on GPUs of its own)",
+    ),
     ("--rollout.batch_size", int, 16, "prompts per rollout batch"),
     ("--rollout.n_samples_per_prompt", int, 1, "samples per prompt (a group)"),
     ("--rollout.max_new_tokens", int, 256, "generated tokens per turn at most"),
@@ -215,8 +259,10 @@ def _validate_common(cfg: SimpleNamespace) -> None:
         raise ConfigError(f"--actor.num_workers must be >= 1, got {cfg.actor.num_workers}")
     gpus = getattr(cfg.actor, "num_gpus_per_node", 0)
     if gpus < 0 or (gpus and cfg.actor.num_workers not in (1, gpus)):
-        raise ConfigError(f"--actor.num_gpus_per_node {gpus} gives one trainer rank per GPU, which contradicts "
-                          f"--actor.num_workers {cfg.actor.num_workers}; pass only one of them")
+        raise ConfigError(
+            f"--actor.num_gpus_per_node {gpus} gives one trainer rank per GPU, which contradicts "
+            f"--actor.num_workers {cfg.actor.num_workers}; pass only one of them"
+        )
     if gpus:
         cfg.actor.num_workers = gpus
     _choice("--actor.lr_scheduler", cfg.actor.lr_scheduler, ("constant", "cosine"))
@@ -242,8 +288,10 @@ def validate_rl(cfg: SimpleNamespace) -> None:
     _choice("--algo.kl.ref", algo.kl.ref, ("rollout", "model"))
     n = cfg.rollout.n_samples_per_prompt
     if adv.estimator in GROUP_ESTIMATORS and n < 2:
-        raise ConfigError(f"--algo.advantage.estimator {adv.estimator} compares samples of one prompt and needs "
-                          f"--rollout.n_samples_per_prompt > 1, got {n}")
+        raise ConfigError(
+            f"--algo.advantage.estimator {adv.estimator} compares samples of one prompt and needs "
+            f"--rollout.n_samples_per_prompt > 1, got {n}"
+        )
     if algo.dynamic_filtering_enable and n < 2:
         raise ConfigError(f"--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt > 1, got {n}")
     low, high = cfg.actor.eps_clip_low_high
@@ -254,23 +302,35 @@ def validate_rl(cfg: SimpleNamespace) -> None:
     if cfg.train.async_queue_size < 1:
         raise ConfigError(f"--train.async_queue_size must be >= 1, got {cfg.train.async_queue_size}")
     if cfg.train.force_sync_mode and cfg.train.async_queue_size > 1:
-        raise ConfigError(f"--train.force_sync_mode is strictly on-policy and contradicts --train.async_queue_size "
-                          f"{cfg.train.async_queue_size}; drop one of them")
+        raise ConfigError(
+            f"--train.force_sync_mode is strictly on-policy and contradicts --train.async_queue_size "
+            f"{cfg.train.async_queue_size}; drop one of them"
+        )
     if cfg.rollout.max_new_tokens >= cfg.data.max_len:
-        raise ConfigError(f"--rollout.max_new_tokens {cfg.rollout.max_new_tokens} leaves no room for the prompt "
-                          f"under --data.max_len {cfg.data.max_len}")
+        raise ConfigError(
+            f"--rollout.max_new_tokens {cfg.rollout.max_new_tokens} leaves no room for the prompt "
+            f"under --data.max_len {cfg.data.max_len}"
+        )
     if algo.kl.init_coef < 0:
         raise ConfigError(f"--algo.kl.init_coef must be >= 0, got {algo.kl.init_coef}")
     queue = 0 if cfg.train.force_sync_mode else cfg.train.async_queue_size
     try:
-        validate_is_config(adv.is_correction_level, adv.is_correction_mode, queue, cfg.train.partial_rollout_enable,
-                           cfg.rollout.top_p, adv.is_correction_threshold)
+        validate_is_config(
+            adv.is_correction_level,
+            adv.is_correction_mode,
+            queue,
+            cfg.train.partial_rollout_enable,
+            cfg.rollout.top_p,
+            adv.is_correction_threshold,
+        )
         reward_shaping(cfg)
     except ValueError as exc:
         raise ConfigError(_flagged(str(exc))) from None
     if algo.kl.init_coef > 0 and algo.kl.ref == "rollout" and cfg.rollout.top_p < 1:
-        raise ConfigError(f"--algo.kl.ref rollout reads the sampler's log-probs, which --rollout.top_p "
-                          f"{cfg.rollout.top_p} renormalises away; use --rollout.top_p 1.0 or --algo.kl.ref model")
+        raise ConfigError(
+            f"--algo.kl.ref rollout reads the sampler's log-probs, which --rollout.top_p "
+            f"{cfg.rollout.top_p} renormalises away; use --rollout.top_p 1.0 or --algo.kl.ref model"
+        )
     if cfg.train.batch_size < 0 or cfg.train.max_epochs < 1:
         raise ConfigError("--train.batch_size must be >= 0 and --train.max_epochs >= 1")
 
@@ -281,11 +341,15 @@ def _validate_engine(cfg: SimpleNamespace) -> None:
     engine, train = cfg.rollout.engine, cfg.train
     _choice("--rollout.engine", engine, ("hf", "vllm"))
     if train.partial_rollout_enable and engine != "vllm":
-        raise ConfigError("--train.partial_rollout_enable pauses and resumes requests inside the vllm engine; "
-                          "add --rollout.engine vllm")
+        raise ConfigError(
+            "--train.partial_rollout_enable pauses and resumes requests inside the vllm engine; "
+            "add --rollout.engine vllm"
+        )
     if train.partial_rollout_enable and train.force_sync_mode:
-        raise ConfigError("--train.partial_rollout_enable syncs weights under rollouts in flight, which "
-                          "--train.force_sync_mode forbids; drop one of them")
+        raise ConfigError(
+            "--train.partial_rollout_enable syncs weights under rollouts in flight, which "
+            "--train.force_sync_mode forbids; drop one of them"
+        )
     if engine != "vllm":
         return
     try:
@@ -294,21 +358,31 @@ def _validate_engine(cfg: SimpleNamespace) -> None:
         raise ConfigError(str(exc)) from None
     parallel = (options.tensor_parallel_size, options.data_parallel_size)
     if parallel != (1, 1):
-        raise ConfigError(f"--rollout.engine vllm drives single-GPU engines here: it needs "
-                          f"--vllm.tensor_parallel_size 1 --vllm.data_parallel_size 1, got {parallel[0]}, {parallel[1]}")
+        raise ConfigError(
+            f"--rollout.engine vllm drives single-GPU engines here: it needs "
+            f"--vllm.tensor_parallel_size 1 --vllm.data_parallel_size 1, got {parallel[0]}, {parallel[1]}"
+        )
     if options.num_engines != 1 and not train.colocate_all:
-        raise ConfigError(f"--vllm.num_engines {options.num_engines} puts that many engines on the one GPU the "
-                          "trainer shares with them; add --train.colocate_all, or use --vllm.num_engines 1 for an "
-                          "engine on a GPU of its own")
+        raise ConfigError(
+            f"--vllm.num_engines {options.num_engines} puts that many engines on the one GPU the "
+            "trainer shares with them; add --train.colocate_all, or use --vllm.num_engines 1 for an "
+            "engine on a GPU of its own"
+        )
     if options.enable_sleep and not train.colocate_all:
-        raise ConfigError("--vllm.enable_sleep frees the GPU the engine shares with the trainer; with the engine "
-                          "on a GPU of its own (no --train.colocate_all) drop it")
+        raise ConfigError(
+            "--vllm.enable_sleep frees the GPU the engine shares with the trainer; with the engine "
+            "on a GPU of its own (no --train.colocate_all) drop it"
+        )
     if options.enable_sleep and not train.force_sync_mode:
-        raise ConfigError("--vllm.enable_sleep frees the engine while the trainer trains, so rollout and training "
-                          "must take turns: add --train.force_sync_mode")
+        raise ConfigError(
+            "--vllm.enable_sleep frees the engine while the trainer trains, so rollout and training "
+            "must take turns: add --train.force_sync_mode"
+        )
     if options.max_model_len < cfg.data.max_len:
-        raise ConfigError(f"--vllm.max_model_len {options.max_model_len} is shorter than --data.max_len "
-                          f"{cfg.data.max_len}; raise it or drop it (default: --data.max_len)")
+        raise ConfigError(
+            f"--vllm.max_model_len {options.max_model_len} is shorter than --data.max_len "
+            f"{cfg.data.max_len}; raise it or drop it (default: --data.max_len)"
+        )
 
 
 def vllm_options(cfg: SimpleNamespace) -> VLLMOptions:
@@ -335,8 +409,10 @@ def _importable(name: str) -> bool:
 def validate_sft(cfg: SimpleNamespace) -> None:
     _validate_common(cfg)
     if (cfg.model.config is None) == (cfg.actor.model_name_or_path is None):
-        raise ConfigError("pass exactly one of --model.config tiny (train from scratch) and "
-                          "--actor.model_name_or_path DIR (fine-tune a checkpoint)")
+        raise ConfigError(
+            "pass exactly one of --model.config tiny (train from scratch) and "
+            "--actor.model_name_or_path DIR (fine-tune a checkpoint)"
+        )
     if cfg.model.config not in (None, "tiny"):
         raise ConfigError(f"--model.config {cfg.model.config!r} is unknown; the built-in config is 'tiny'")
 
@@ -350,9 +426,13 @@ def validate_eval(cfg: SimpleNamespace) -> None:
 
 def reward_shaping(cfg: SimpleNamespace) -> RewardShaping:
     r = cfg.reward
-    return RewardShaping(clip_range=tuple(r.clip_range), overlong_buffer_len=r.overlong_buffer_len,
-                         overlong_penalty_factor=r.overlong_penalty_factor,
-                         stop_properly_penalty_coef=r.stop_properly_penalty_coef, max_len=cfg.data.max_len)
+    return RewardShaping(
+        clip_range=tuple(r.clip_range),
+        overlong_buffer_len=r.overlong_buffer_len,
+        overlong_penalty_factor=r.overlong_penalty_factor,
+        stop_properly_penalty_coef=r.stop_properly_penalty_coef,
+        max_len=cfg.data.max_len,
+    )
 
 
 def _choice(flag: str, value: str, allowed: Sequence[str]) -> None:

@@ -41,8 +41,9 @@ def _jsonl_rows(path: Path, data: SimpleNamespace, limit: int | None) -> list[di
             except json.JSONDecodeError as exc:
                 raise ValueError(f"{path}:{n} is not valid JSON: {exc}") from None
             if data.input_key not in raw:
-                raise ValueError(f"{path}:{n} has no {data.input_key!r} field (fields: {sorted(raw)}); "
-                                 "set --data.input_key")
+                raise ValueError(
+                    f"{path}:{n} has no {data.input_key!r} field (fields: {sorted(raw)}); set --data.input_key"
+                )
             prompt = raw[data.input_key]
             if isinstance(prompt, str):
                 prompt = [{"role": "user", "content": prompt}]
@@ -70,11 +71,12 @@ class PromptSampler:
             order = list(range(self.num_rows))
             random.Random(f"{self.seed}:{epoch}").shuffle(order)
             self._orders = {epoch: order}
-        return self._orders[epoch][pos * self.batch_size:(pos + 1) * self.batch_size]
+        return self._orders[epoch][pos * self.batch_size : (pos + 1) * self.batch_size]
 
 
-def encode_sft(tokenizer: Any, prompt: str | list[dict[str, Any]], reference: str,
-               max_len: int) -> tuple[list[int], list[bool]]:
+def encode_sft(
+    tokenizer: Any, prompt: str | list[dict[str, Any]], reference: str, max_len: int
+) -> tuple[list[int], list[bool]]:
     """Token ids of prompt + assistant reply, and a loss mask that is True on the reply through its end token.
 
     The prompt is the template with ``add_generation_prompt`` (exactly what a rollout conditions on); the reply is
@@ -84,13 +86,15 @@ def encode_sft(tokenizer: Any, prompt: str | list[dict[str, Any]], reference: st
     prefix = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": str(reference)}], tokenize=False)
     if not full.startswith(prefix):
-        raise ValueError("the chat template renders the prompt differently once an assistant reply follows; "
-                         "the assistant span cannot be derived from it")
+        raise ValueError(
+            "the chat template renders the prompt differently once an assistant reply follows; "
+            "the assistant span cannot be derived from it"
+        )
     prompt_ids = tokenizer.encode(prefix, add_special_tokens=False)
-    reply_ids = tokenizer.encode(full[len(prefix):], add_special_tokens=False)
+    reply_ids = tokenizer.encode(full[len(prefix) :], add_special_tokens=False)
     eos = tokenizer.eos_token_id
     if eos in reply_ids:
-        reply_ids = reply_ids[:reply_ids.index(eos) + 1]
+        reply_ids = reply_ids[: reply_ids.index(eos) + 1]
     ids = (prompt_ids + reply_ids)[:max_len]
     mask = ([False] * len(prompt_ids) + [True] * len(reply_ids))[:max_len]
     return ids, mask

@@ -18,13 +18,47 @@ ENV = "molt/arith-v1"
 # The recipe. SFT is stopped early on purpose (400 steps: ~26% held-out; 600 steps of SFT alone reach ~58%), so the
 # demo shows RL learning from reward alone, not RL beating more SFT. RL is strictly on-policy (force_sync_mode),
 # which learned faster here than the 1-step-stale async queue.
-SFT_FLAGS = ["--model.config", "tiny", "--model.hidden_size", "128", "--model.num_layers", "2",
-             "--train.num_steps", "400", "--train.batch_size", "64", "--actor.adam.lr", "3e-3"]
-RL_FLAGS = ["--algo.advantage.estimator", "grpo", "--rollout.n_samples_per_prompt", "8",
-            "--rollout.batch_size", "48", "--rollout.temperature", "1.0", "--train.num_steps", "80",
-            "--actor.adam.lr", "5e-4", "--actor.lr_scheduler", "cosine", "--train.force_sync_mode",
-            "--algo.kl.init_coef", "0.001", "--algo.kl.ref", "model", "--algo.kl.use_loss", "--algo.kl.estimator", "k3",
-            "--eval.steps", "20", "--eval.eval_at_start"]
+SFT_FLAGS = [
+    "--model.config",
+    "tiny",
+    "--model.hidden_size",
+    "128",
+    "--model.num_layers",
+    "2",
+    "--train.num_steps",
+    "400",
+    "--train.batch_size",
+    "64",
+    "--actor.adam.lr",
+    "3e-3",
+]
+RL_FLAGS = [
+    "--algo.advantage.estimator",
+    "grpo",
+    "--rollout.n_samples_per_prompt",
+    "8",
+    "--rollout.batch_size",
+    "48",
+    "--rollout.temperature",
+    "1.0",
+    "--train.num_steps",
+    "80",
+    "--actor.adam.lr",
+    "5e-4",
+    "--actor.lr_scheduler",
+    "cosine",
+    "--train.force_sync_mode",
+    "--algo.kl.init_coef",
+    "0.001",
+    "--algo.kl.ref",
+    "model",
+    "--algo.kl.use_loss",
+    "--algo.kl.estimator",
+    "k3",
+    "--eval.steps",
+    "20",
+    "--eval.eval_at_start",
+]
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -41,16 +75,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     start = time.perf_counter()
     out = Path(args.output_dir)
-    common = ["--env", ENV, "--train.seed", str(args.seed), "--ray.num_cpus", "2", "--eval.max_new_tokens", "5",
-              "--rollout.max_new_tokens", "5"] + ([] if args.progress else ["--no-logger.progress"])
+    common = [
+        "--env",
+        ENV,
+        "--train.seed",
+        str(args.seed),
+        "--ray.num_cpus",
+        "2",
+        "--eval.max_new_tokens",
+        "5",
+        "--rollout.max_new_tokens",
+        "5",
+    ] + ([] if args.progress else ["--no-logger.progress"])
     print(f"[demo] 1/3 SFT from scratch on {ENV} reference answers -> {out / 'sft'}", flush=True)
     sft_cli.main(common + SFT_FLAGS + ["--ckpt.output_dir", str(out / "sft"), "--eval.max_samples", "0"])
     sft_time = time.perf_counter() - start
 
-    print(f"[demo] 2/3 RL ({_flag(RL_FLAGS, '--algo.advantage.estimator')}) from the SFT checkpoint -> {out / 'rl'}",
-          flush=True)
-    cfg = parse("rl", common + RL_FLAGS + ["--actor.model_name_or_path", str(out / "sft" / "hf"),
-                                           "--ckpt.output_dir", str(out / "rl")])
+    print(
+        f"[demo] 2/3 RL ({_flag(RL_FLAGS, '--algo.advantage.estimator')}) from the SFT checkpoint -> {out / 'rl'}",
+        flush=True,
+    )
+    cfg = parse(
+        "rl",
+        common
+        + RL_FLAGS
+        + ["--actor.model_name_or_path", str(out / "sft" / "hf"), "--ckpt.output_dir", str(out / "rl")],
+    )
     trainer = RLTrainer(cfg)
     try:
         trainer.run()
@@ -60,11 +110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     sft_acc, rl_acc = evals[0][1], evals[-1][1]
 
     print("[demo] 3/3 report", flush=True)
-    png = report.write_report(out / "rl", title=f"{ENV}: RL from the SFT checkpoint (held-out accuracy at step 0 = SFT)")
+    png = report.write_report(
+        out / "rl", title=f"{ENV}: RL from the SFT checkpoint (held-out accuracy at step 0 = SFT)"
+    )
     wall = time.perf_counter() - start
     distinct = len({str(r["prompt"]) for r in trainer.eval_rows})
-    print(f"\nheld-out accuracy on the {ENV} test split ({len(trainer.eval_rows)} rows, {distinct} distinct tasks, "
-          "none of them in the train split; greedy decoding):")
+    print(
+        f"\nheld-out accuracy on the {ENV} test split ({len(trainer.eval_rows)} rows, {distinct} distinct tasks, "
+        "none of them in the train split; greedy decoding):"
+    )
     print(f"  SFT checkpoint: {sft_acc:6.1%}")
     print(f"  RL checkpoint:  {rl_acc:6.1%}   ({100 * (rl_acc - sft_acc):+.1f} points)")
     print("  curve: " + "  ".join(f"step {s}: {a:.1%}" for s, a in evals))

@@ -16,9 +16,15 @@ from molt_train.trainer import quiet
 
 def evaluate(cfg: SimpleNamespace, model_path: str | Path) -> dict[str, float]:
     """Evaluate ``model_path`` on ``--eval.split`` of ``--env`` (greedy unless ``--eval.temperature``)."""
-    rows = load_rows(cfg, cfg.eval.split)[:cfg.eval.max_samples]
-    worker = RolloutWorker(str(model_path), env_id=cfg.env, agent_path=cfg.train.agent_path, max_len=cfg.data.max_len,
-                           timeout_s=cfg.rollout.timeout_s, max_batch_size=cfg.rollout.max_batch_size)
+    rows = load_rows(cfg, cfg.eval.split)[: cfg.eval.max_samples]
+    worker = RolloutWorker(
+        str(model_path),
+        env_id=cfg.env,
+        agent_path=cfg.train.agent_path,
+        max_len=cfg.data.max_len,
+        timeout_s=cfg.rollout.timeout_s,
+        max_batch_size=cfg.rollout.max_batch_size,
+    )
     params = {"temperature": cfg.eval.temperature, "max_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens}
     return asyncio.run(worker.evaluate(rows, params))
 

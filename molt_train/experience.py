@@ -40,10 +40,19 @@ class Experience:
     def select(self, rows: Sequence[int]) -> Experience:
         idx = torch.tensor(list(rows), dtype=torch.long)
         return Experience(
-            self.input_ids[idx], self.attention_mask[idx], self.action_mask[idx], self.rollout_logp[idx],
-            self.rewards[idx], self.lengths[idx], self.truncated[idx], [self.group_ids[i] for i in rows],
-            [self.rollout_ids[i] for i in rows], [self.scores[i] for i in rows],
-            None if self.advantages is None else self.advantages[idx], {k: v[idx] for k, v in self.extra.items()})
+            self.input_ids[idx],
+            self.attention_mask[idx],
+            self.action_mask[idx],
+            self.rollout_logp[idx],
+            self.rewards[idx],
+            self.lengths[idx],
+            self.truncated[idx],
+            [self.group_ids[i] for i in rows],
+            [self.rollout_ids[i] for i in rows],
+            [self.scores[i] for i in rows],
+            None if self.advantages is None else self.advantages[idx],
+            {k: v[idx] for k, v in self.extra.items()},
+        )
 
 
 def as_trajectories(result: Trajectory | list[Trajectory]) -> list[Trajectory]:
@@ -85,20 +94,28 @@ def make_experience(trajs: Sequence[Trajectory], max_len: int, pad_id: int) -> E
         attention[i, :k] = 1
         logp[i, :k] = torch.tensor(t.log_probs[:k])
         for start, end in t.action_ranges:
-            action[i, start:min(end, k)] = True
+            action[i, start : min(end, k)] = True
     return Experience(
-        input_ids=input_ids, attention_mask=attention, action_mask=action[:, 1:], rollout_logp=logp[:, 1:],
+        input_ids=input_ids,
+        attention_mask=attention,
+        action_mask=action[:, 1:],
+        rollout_logp=logp[:, 1:],
         rewards=torch.tensor([float(t.reward) for t in trajs]),
-        lengths=attention.sum(1), truncated=torch.tensor([bool(t.truncated) for t in trajs]),
-        group_ids=[t.group_id for t in trajs], rollout_ids=[t.rollout_id for t in trajs],
-        scores=[t.score for t in trajs])
+        lengths=attention.sum(1),
+        truncated=torch.tensor([bool(t.truncated) for t in trajs]),
+        group_ids=[t.group_id for t in trajs],
+        rollout_ids=[t.rollout_id for t in trajs],
+        scores=[t.score for t in trajs],
+    )
 
 
 def count_reasons(reasons: Sequence[str | None]) -> dict[str, int]:
     return dict(Counter(r for r in reasons if r is not None))
 
 
-def plan_micro_batches(lengths: Sequence[int], num_workers: int, max_rows: int, max_tokens: int) -> list[list[list[int]]]:
+def plan_micro_batches(
+    lengths: Sequence[int], num_workers: int, max_rows: int, max_tokens: int
+) -> list[list[list[int]]]:
     """Rows -> ``plan[worker][micro]`` row lists: balanced by tokens, each micro-batch within the token budget.
 
     A micro-batch's cost is rows x its longest row (padding included). Every worker gets the same number of
@@ -130,15 +147,27 @@ def plan_micro_batches(lengths: Sequence[int], num_workers: int, max_rows: int, 
 def micro_batch(exp: Experience, rows: Sequence[int], pad_id: int) -> dict[str, Any]:
     """The tensors a worker needs for these rows, cropped to their longest row; ``[]`` gives a zero-loss pad batch."""
     if not rows:
-        return {"input_ids": torch.full((1, 2), pad_id, dtype=torch.long), "attention_mask": torch.ones(1, 2, dtype=torch.long),
-                "action_mask": torch.zeros(1, 1, dtype=torch.bool), "rollout_logp": torch.zeros(1, 1),
-                "advantages": torch.zeros(1, 1), "rollout_ids": ["<pad>"], "group_ids": ["<pad>"], "extra": {}}
+        return {
+            "input_ids": torch.full((1, 2), pad_id, dtype=torch.long),
+            "attention_mask": torch.ones(1, 2, dtype=torch.long),
+            "action_mask": torch.zeros(1, 1, dtype=torch.bool),
+            "rollout_logp": torch.zeros(1, 1),
+            "advantages": torch.zeros(1, 1),
+            "rollout_ids": ["<pad>"],
+            "group_ids": ["<pad>"],
+            "extra": {},
+        }
     sub = exp.select(rows)
     width = int(sub.lengths.max())
-    batch = {"input_ids": sub.input_ids[:, :width], "attention_mask": sub.attention_mask[:, :width],
-             "action_mask": sub.action_mask[:, :width - 1], "rollout_logp": sub.rollout_logp[:, :width - 1],
-             "rollout_ids": sub.rollout_ids, "group_ids": sub.group_ids,
-             "extra": {k: v[:, :width - 1] for k, v in sub.extra.items()}}
+    batch = {
+        "input_ids": sub.input_ids[:, :width],
+        "attention_mask": sub.attention_mask[:, :width],
+        "action_mask": sub.action_mask[:, : width - 1],
+        "rollout_logp": sub.rollout_logp[:, : width - 1],
+        "rollout_ids": sub.rollout_ids,
+        "group_ids": sub.group_ids,
+        "extra": {k: v[:, : width - 1] for k, v in sub.extra.items()},
+    }
     if sub.advantages is not None:
-        batch["advantages"] = sub.advantages[:, :width - 1]
+        batch["advantages"] = sub.advantages[:, : width - 1]
     return batch

@@ -9,8 +9,14 @@ from typing import Any
 
 
 class MetricsLogger:
-    def __init__(self, output_dir: str | Path, total_steps: int, start_step: int = 0, progress: bool = True,
-                 description: str = "train") -> None:
+    def __init__(
+        self,
+        output_dir: str | Path,
+        total_steps: int,
+        start_step: int = 0,
+        progress: bool = True,
+        description: str = "train",
+    ) -> None:
         self.path = Path(output_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # a fresh run replaces an earlier run's records; a resumed one appends (``read_metrics``: last record wins)
@@ -22,8 +28,13 @@ class MetricsLogger:
         if progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                      TimeElapsedColumn(), TextColumn("{task.fields[status]}"))
+            self._progress = Progress(
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                TextColumn("{task.fields[status]}"),
+            )
             self._task = self._progress.add_task(description, total=total_steps, completed=start_step, status="")
             self._progress.start()
 

@@ -57,7 +57,9 @@ class LogProbModel(nn.Module):
     tokens; it is used when it saves at least a fifth of the tokens.
     """
 
-    def __init__(self, lm: nn.Module, chunk_size: int, share_prefixes: bool = False, compile_chunks: bool = False) -> None:
+    def __init__(
+        self, lm: nn.Module, chunk_size: int, share_prefixes: bool = False, compile_chunks: bool = False
+    ) -> None:
         super().__init__()
         self.lm = lm
         self.chunk_size = chunk_size
@@ -67,8 +69,9 @@ class LogProbModel(nn.Module):
         # transformers 5.x names the KV cache argument `cache`; 4.x called it `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0,
-                action_mask: Tensor | None = None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0, action_mask: Tensor | None = None
+    ) -> Tensor:
         """``action_mask`` (N, L-1): where the actions start, for prefix sharing (None: a plain forward)."""
         if self.share_prefixes and action_mask is not None:
             lengths = attention_mask.sum(1)
@@ -83,16 +86,34 @@ class LogProbModel(nn.Module):
                 device = input_ids.device
                 distinct = list(first.values())
                 slot = {row: k for k, row in enumerate(distinct)}
-                return self._shared_forward(input_ids, temperature, lengths, prefix_lens,
-                                            torch.tensor(distinct, device=device),
-                                            torch.tensor([slot[o] for o in owner], device=device), suffix)
+                return self._shared_forward(
+                    input_ids,
+                    temperature,
+                    lengths,
+                    prefix_lens,
+                    torch.tensor(distinct, device=device),
+                    torch.tensor([slot[o] for o in owner], device=device),
+                    suffix,
+                )
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        hidden = self.lm.model(input_ids=input_ids, attention_mask=attention_mask,  # [0]: a ModelOutput or a
-                               position_ids=position_ids, use_cache=False)[0][:, :-1]  # tuple (AutoModel's)
+        hidden = self.lm.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,  # [0]: a ModelOutput or a
+            position_ids=position_ids,
+            use_cache=False,
+        )[0][:, :-1]  # tuple (AutoModel's)
         return self._logp(hidden, input_ids[:, 1:], temperature).clone()  # FSDP2 warns on view outputs
 
-    def _shared_forward(self, input_ids: Tensor, temperature: float, lengths: Tensor, prefix_lens: Tensor,
-                        first: Tensor, owner: Tensor, suffix: int) -> Tensor:
+    def _shared_forward(
+        self,
+        input_ids: Tensor,
+        temperature: float,
+        lengths: Tensor,
+        prefix_lens: Tensor,
+        first: Tensor,
+        owner: Tensor,
+        suffix: int,
+    ) -> Tensor:
         """``first``: a row of each distinct prefix; ``owner``: each row's prefix (an index into ``first``);
         ``suffix``: the longest row's tokens after its prefix."""
         n, length = input_ids.shape
@@ -101,8 +122,12 @@ class LogProbModel(nn.Module):
         width = int(p.max())
         steps = torch.arange(width, device=device)
         prefix_mask = (steps < p[:, None]).long()  # right-padded: no query row is fully masked
-        prefix = self.lm.model(input_ids=input_ids[first, :width], attention_mask=prefix_mask,
-                               position_ids=steps.expand(len(first), width), use_cache=True)
+        prefix = self.lm.model(
+            input_ids=input_ids[first, :width],
+            attention_mask=prefix_mask,
+            position_ids=steps.expand(len(first), width),
+            use_cache=True,
+        )
         prefix_hidden = prefix.last_hidden_state
         pieces = [self._logp(prefix_hidden[:, :-1], input_ids[first, 1:width], temperature).reshape(-1)]
         p_row = prefix_lens[:, None]
@@ -114,14 +139,16 @@ class LogProbModel(nn.Module):
             cache = getattr(prefix, self._cache_arg)
             cache.reorder_cache(owner)
             mask = torch.cat([prefix_mask[owner], (cols < lengths[:, None]).long()], dim=1)
-            rest = self.lm.model(input_ids=suffix_ids, attention_mask=mask, position_ids=cols, use_cache=True,
-                                 **{self._cache_arg: cache}).last_hidden_state
+            rest = self.lm.model(
+                input_ids=suffix_ids, attention_mask=mask, position_ids=cols, use_cache=True, **{self._cache_arg: cache}
+            ).last_hidden_state
             last = prefix_hidden[owner, prefix_lens - 1][:, None]  # predicts each row's first suffix token
             pieces.append(self._logp(torch.cat([last, rest[:, :-1]], dim=1), suffix_ids, temperature).reshape(-1))
             offset = t - p_row + 1
             in_suffix = (offset >= 0) & (offset < suffix)
-            index = torch.where(in_suffix, len(first) * (width - 1) + torch.arange(n, device=device)[:, None] * suffix
-                                + offset, index)
+            index = torch.where(
+                in_suffix, len(first) * (width - 1) + torch.arange(n, device=device)[:, None] * suffix + offset, index
+            )
         pieces.append(torch.zeros(1, device=device))  # positions past a row's end (padding): 0
         flat = torch.cat(pieces)
         return flat[torch.where(index < 0, flat.numel() - 1, index)]
@@ -133,9 +160,12 @@ class LogProbModel(nn.Module):
         weight = self.lm.lm_head.weight
         chunks = []
         for s in range(0, flat.shape[0], self.chunk_size):
-            args = (flat[s:s + self.chunk_size], targets[s:s + self.chunk_size], weight, temperature)
-            chunks.append(checkpoint(self._chunk_logp, *args, use_reentrant=False) if torch.is_grad_enabled()
-                          else self._chunk_logp(*args))
+            args = (flat[s : s + self.chunk_size], targets[s : s + self.chunk_size], weight, temperature)
+            chunks.append(
+                checkpoint(self._chunk_logp, *args, use_reentrant=False)
+                if torch.is_grad_enabled()
+                else self._chunk_logp(*args)
+            )
         return torch.cat(chunks).reshape(n, length) if chunks else hidden.new_zeros(n, length)
 
 
@@ -157,16 +187,21 @@ class PolicyWorker:
         dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
         torch.manual_seed(cfg["seed"])
         random.seed(cfg["seed"])
-        lm = load_policy_model(cfg.get("backend", "hf"), cfg["model_path"], dtype=torch.float32,
-                               freeze_moe_router=cfg.get("freeze_moe_router", False)).to(self.device)
+        lm = load_policy_model(
+            cfg.get("backend", "hf"),
+            cfg["model_path"],
+            dtype=torch.float32,
+            freeze_moe_router=cfg.get("freeze_moe_router", False),
+        ).to(self.device)
         self.config = lm.config
         if cfg.get("gradient_checkpoint"):
             lm.gradient_checkpointing_enable()
         gpu = self.device.type == "cuda"
         compiled = gpu and cfg.get("compile", False)
         # fp32 master weights; on GPU, FSDP2 all-gathers them as param_dtype for the forward and backward
-        precision = MixedPrecisionPolicy(param_dtype=getattr(torch, cfg.get("param_dtype", "bfloat16")) if gpu else None,
-                                         reduce_dtype=torch.float32)
+        precision = MixedPrecisionPolicy(
+            param_dtype=getattr(torch, cfg.get("param_dtype", "bfloat16")) if gpu else None, reduce_dtype=torch.float32
+        )
         mesh = init_device_mesh(self.device.type, (world_size,))
         for layer in lm.model.layers:
             if compiled:  # the forward only: FSDP2's hooks around it stay eager
@@ -174,14 +209,23 @@ class PolicyWorker:
             # one rank: keep the layer's compute-dtype copy from forward to backward (resharding frees nothing)
             fully_shard(layer, mesh=mesh, mp_policy=precision, reshard_after_forward=world_size > 1)
         # a KV cache does not combine with activation checkpointing, compiled layers, or AutoModel's tuple outputs
-        self.model = LogProbModel(lm, cfg["logprob_chunk_size"], compile_chunks=compiled, share_prefixes=(
-            cfg.get("backend", "hf") == "hf" and not cfg.get("gradient_checkpoint") and not compiled))
+        self.model = LogProbModel(
+            lm,
+            cfg["logprob_chunk_size"],
+            compile_chunks=compiled,
+            share_prefixes=(cfg.get("backend", "hf") == "hf" and not cfg.get("gradient_checkpoint") and not compiled),
+        )
         fully_shard(self.model, mesh=mesh, mp_policy=precision)
         self.optimizer = self.scheduler = None
         self._shared: list[Any] = []  # weight buckets a colocated engine is reading by CUDA IPC
         if cfg.get("trainable", True):
-            self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg["lr"], betas=tuple(cfg["betas"]),
-                                               eps=cfg["eps"], weight_decay=cfg["weight_decay"])
+            self.optimizer = torch.optim.AdamW(
+                self.model.parameters(),
+                lr=cfg["lr"],
+                betas=tuple(cfg["betas"]),
+                eps=cfg["eps"],
+                weight_decay=cfg["weight_decay"],
+            )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, _lr_lambda(cfg))
         else:
             self.model.requires_grad_(False)
@@ -190,8 +234,15 @@ class PolicyWorker:
     @torch.no_grad()
     def logprobs(self, micro_batches: list[dict[str, Any]], temperature: float) -> list[Tensor]:
         self.model.eval()
-        return [self.model(mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device), temperature,
-                           mb["action_mask"].to(self.device)).cpu() for mb in micro_batches]
+        return [
+            self.model(
+                mb["input_ids"].to(self.device),
+                mb["attention_mask"].to(self.device),
+                temperature,
+                mb["action_mask"].to(self.device),
+            ).cpu()
+            for mb in micro_batches
+        ]
 
     # -- one optimizer step --
     def train_step(self, micro_batches: list[dict[str, Any]], window: dict[str, Any], loss_cfg: dict[str, Any]) -> dict:
@@ -204,8 +255,9 @@ class PolicyWorker:
         for mb in micro_batches:
             n = int(mb["action_mask"].sum())
             mask = mb["action_mask"].to(self.device)
-            logp = self.model(mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device),
-                              loss_cfg["temperature"], mask)
+            logp = self.model(
+                mb["input_ids"].to(self.device), mb["attention_mask"].to(self.device), loss_cfg["temperature"], mask
+            )
             if loss_cfg["kind"] == "sft":
                 loss = aggregate(-logp, mask, num_tokens=window["num_tokens"])
                 metrics = {}
@@ -220,20 +272,28 @@ class PolicyWorker:
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]
         self.scheduler.step()
-        return {"loss": float(loss_sum), "tokens": tokens_seen, "grad_norm": grad_norm, "lr": lr,
-                "weighted": {k: float(v) for k, v in totals.items()}}
+        return {
+            "loss": float(loss_sum),
+            "tokens": tokens_seen,
+            "grad_norm": grad_norm,
+            "lr": lr,
+            "weighted": {k: float(v) for k, v in totals.items()},
+        }
 
-    def _rl_loss(self, logp: Tensor, mask: Tensor, mb: dict[str, Any], window: dict[str, Any],
-                 cfg: dict[str, Any]) -> tuple[Tensor, dict[str, Tensor]]:
+    def _rl_loss(
+        self, logp: Tensor, mask: Tensor, mb: dict[str, Any], window: dict[str, Any], cfg: dict[str, Any]
+    ) -> tuple[Tensor, dict[str, Tensor]]:
         rollout_logp = mb["rollout_logp"].to(self.device)
         old = mb["extra"].get("logp_old")
         old = logp.detach() if old is None else old.to(self.device)  # one step on fresh samples: pi_old = pi
         advantages = mb["advantages"].to(self.device)
         loss_tokens, metrics = get_policy_loss(cfg["loss_mode"])(
-            logp, old, advantages, mask, eps_low=cfg["eps_low"], eps_high=cfg["eps_high"], dual_clip=cfg["dual_clip"])
+            logp, old, advantages, mask, eps_low=cfg["eps_low"], eps_high=cfg["eps_high"], dual_clip=cfg["dual_clip"]
+        )
         if cfg["is_level"] != "off":
-            weights, is_metrics = is_correction(old, rollout_logp, mask, level=cfg["is_level"], mode=cfg["is_mode"],
-                                                threshold=cfg["is_threshold"])
+            weights, is_metrics = is_correction(
+                old, rollout_logp, mask, level=cfg["is_level"], mode=cfg["is_mode"], threshold=cfg["is_threshold"]
+            )
             loss_tokens = loss_tokens * weights
             metrics.update(is_metrics)
         mode = cfg["loss_agg_mode"]
@@ -241,8 +301,14 @@ class PolicyWorker:
             loss = aggregate(loss_tokens, mask, mode, num_tokens=window["num_tokens"])
         else:
             units = mb["rollout_ids"] if mode == "seq-mean-token-mean" else mb["group_ids"]
-            loss = aggregate(loss_tokens, mask, mode, unit_ids=units, unit_tokens=window["unit_tokens"],
-                             num_units=window["num_units"])
+            loss = aggregate(
+                loss_tokens,
+                mask,
+                mode,
+                unit_ids=units,
+                unit_tokens=window["unit_tokens"],
+                num_units=window["num_units"],
+            )
         metrics.update(mismatch_metrics(old, rollout_logp, mask))
         if cfg["kl_coef"] > 0 and cfg["kl_use_loss"]:
             ref = mb["extra"].get("logp_ref")
@@ -330,8 +396,9 @@ class PolicyWorker:
         weights = self.full_state_dict()
         optim = None
         if with_state and self.optimizer is not None:
-            optim = get_optimizer_state_dict(self.model, self.optimizer,
-                                             options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+            optim = get_optimizer_state_dict(
+                self.model, self.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True)
+            )
         if self.rank != 0:
             return
         out = Path(directory)
@@ -344,16 +411,27 @@ class PolicyWorker:
         model.save_pretrained(out / "hf")
         AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out / "hf")
         if optim is not None:
-            torch.save({"optimizer": optim, "scheduler": self.scheduler.state_dict(),
-                        "torch_rng": torch.get_rng_state(), "python_rng": random.getstate()}, out / "trainer_state.pt")
+            torch.save(
+                {
+                    "optimizer": optim,
+                    "scheduler": self.scheduler.state_dict(),
+                    "torch_rng": torch.get_rng_state(),
+                    "python_rng": random.getstate(),
+                },
+                out / "trainer_state.pt",
+            )
 
     def load_state(self, directory: str) -> None:
         """Restore optimizer/scheduler/RNG from ``save``'s output (weights come from loading its hf/ dir)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
 
         state = torch.load(Path(directory) / "trainer_state.pt", weights_only=False)
-        set_optimizer_state_dict(self.model, self.optimizer, optim_state_dict=state["optimizer"],
-                                 options=StateDictOptions(full_state_dict=True))
+        set_optimizer_state_dict(
+            self.model,
+            self.optimizer,
+            optim_state_dict=state["optimizer"],
+            options=StateDictOptions(full_state_dict=True),
+        )
         self.scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"])
         random.setstate(state["python_rng"])
@@ -367,8 +445,14 @@ class WorkerGroup:
     """``num_workers`` PolicyWorker Ray actors forming one FSDP2 process group; each takes ``gpu_fraction`` of a
     GPU when the cluster has GPUs (below 1: colocated with other actors on that GPU)."""
 
-    def __init__(self, num_workers: int, cfg: dict[str, Any], name: str = "policy", gpu_fraction: float = 1.0,
-                 placement: Any = None) -> None:
+    def __init__(
+        self,
+        num_workers: int,
+        cfg: dict[str, Any],
+        name: str = "policy",
+        gpu_fraction: float = 1.0,
+        placement: Any = None,
+    ) -> None:
         """``placement``: a Ray placement group whose bundle i (one GPU) holds rank i."""
         import ray
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -376,9 +460,14 @@ class WorkerGroup:
         gpus = gpu_fraction if ray.cluster_resources().get("GPU", 0) >= num_workers * gpu_fraction else 0
         actor = ray.remote(num_cpus=0, num_gpus=gpus)(PolicyWorker)
         addr, port = free_port()
-        self.workers = [actor.options(scheduling_strategy=None if placement is None else
-                                      PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=rank))
-                        .remote(rank, num_workers, addr, port, cfg) for rank in range(num_workers)]
+        self.workers = [
+            actor.options(
+                scheduling_strategy=None
+                if placement is None
+                else PlacementGroupSchedulingStrategy(placement, placement_group_bundle_index=rank)
+            ).remote(rank, num_workers, addr, port, cfg)
+            for rank in range(num_workers)
+        ]
         self.name = name
 
     def call(self, method: str, *per_rank: list[Any], **same: Any) -> list[Any]:

@@ -20,6 +20,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         trainer.shutdown()
     acc = last.get("eval/accuracy")
-    print(f"rl done: {cfg.train.num_steps} steps, final model in {trainer.output_dir / 'hf'}"
-          + (f", held-out {cfg.eval.split} accuracy {acc:.3f}" if acc is not None else ""))
+    print(
+        f"rl done: {cfg.train.num_steps} steps, final model in {trainer.output_dir / 'hf'}"
+        + (f", held-out {cfg.eval.split} accuracy {acc:.3f}" if acc is not None else "")
+    )
     return 0

@@ -35,9 +35,19 @@ def episode_seed(seed: int, step: int, row: int, sample: int) -> int:
 
 
 class RolloutWorker:
-    def __init__(self, model_path: str, *, env_id: str | None, agent_path: str | None, max_len: int,
-                 timeout_s: float, max_batch_size: int, num_threads: int | None = None, engine: str = "hf",
-                 partial_rollout: bool = False) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        env_id: str | None,
+        agent_path: str | None,
+        max_len: int,
+        timeout_s: float,
+        max_batch_size: int,
+        num_threads: int | None = None,
+        engine: str = "hf",
+        partial_rollout: bool = False,
+    ) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.model_path = model_path
@@ -86,7 +96,9 @@ class RolloutWorker:
         jobs = []
         for i in self.sampler.batch(step):
             for j in range(n_samples):
-                jobs.append(self._episode(self.rows[i], base.updated(seed=episode_seed(seed, step, i, j)), f"{step}:{i}"))
+                jobs.append(
+                    self._episode(self.rows[i], base.updated(seed=episode_seed(seed, step, i, j)), f"{step}:{i}")
+                )
         async with self._whole_batch():
             results = await asyncio.gather(*jobs)
         kept: list[Trajectory] = []
@@ -96,14 +108,23 @@ class RolloutWorker:
                 kept.extend(segments)
             else:
                 dropped[reason] = dropped.get(reason, 0) + 1
-        return {"step": step, "trajectories": kept, "dropped": dropped, "num_rollouts": len(results),
-                "start": start, "end": time.time()}
+        return {
+            "step": step,
+            "trajectories": kept,
+            "dropped": dropped,
+            "num_rollouts": len(results),
+            "start": start,
+            "end": time.time(),
+        }
 
-    async def _episode(self, row: dict[str, Any], params: SamplingParams, group_id: str) -> tuple[list[Trajectory], str | None]:
+    async def _episode(
+        self, row: dict[str, Any], params: SamplingParams, group_id: str
+    ) -> tuple[list[Trajectory], str | None]:
         try:
             result = await asyncio.wait_for(
                 self.runner.execute(row["prompt"], row["label"], params, self.max_len, self.tokenizer, self.engine),
-                self.timeout_s)
+                self.timeout_s,
+            )
             segments = as_trajectories(result)
         except TimeoutError:
             return [], "timeout"
@@ -118,8 +139,9 @@ class RolloutWorker:
                 return [], reason
         return segments, None
 
-    async def produce(self, queue: Any, slots: Any, start: int, end: int, params: dict[str, Any], n_samples: int,
-                      seed: int) -> int:
+    async def produce(
+        self, queue: Any, slots: Any, start: int, end: int, params: dict[str, Any], n_samples: int, seed: int
+    ) -> int:
         """Fill ``queue`` with batches ``start..end-1``, each after taking a slot (the async-queue protocol). The
         queue carries a reference to each batch (in a list, so Ray passes it on unresolved): the trainer reads the
         batch from this actor's object store, and the queue actor never copies it."""
@@ -136,13 +158,17 @@ class RolloutWorker:
     async def evaluate(self, rows: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, float]:
         """Mean reward (= accuracy for exact-match graders) over ``rows``, one sample each; failures count as 0."""
         base = SamplingParams(**params)
-        results = await asyncio.gather(*[self._episode(r, base.updated(seed=k), f"eval:{k}")
-                                         for k, r in enumerate(rows)])
+        results = await asyncio.gather(
+            *[self._episode(r, base.updated(seed=k), f"eval:{k}") for k, r in enumerate(rows)]
+        )
         rewards = [segs[0].reward if reason is None else 0.0 for segs, reason in results]
         lengths = [sum(s.num_action_tokens for s in segs) for segs, reason in results if reason is None]
-        return {"accuracy": sum(rewards) / max(len(rewards), 1), "num_rows": float(len(rows)),
-                "failed": float(sum(reason is not None for _, reason in results)),
-                "response_length": sum(lengths) / max(len(lengths), 1)}
+        return {
+            "accuracy": sum(rewards) / max(len(rewards), 1),
+            "num_rows": float(len(rows)),
+            "failed": float(sum(reason is not None for _, reason in results)),
+            "response_length": sum(lengths) / max(len(lengths), 1),
+        }
 
     # -- weights --
     def _whole_batch(self) -> contextlib.AbstractAsyncContextManager:
@@ -220,14 +246,18 @@ def compare_weights(params: dict[str, torch.Tensor], trainer: dict[str, torch.Te
     """``"stale: name"`` for each engine parameter unequal to the trainer's tensor (cast to its dtype),
     ``"uncovered: name"`` for each the trainer did not send."""
     problems = [f"uncovered: {name}" for name in params if name not in trainer]
-    problems += [f"stale: {name}" for name, param in params.items()
-                 if name in trainer and not torch.equal(param.detach(), trainer[name].to(param.device, param.dtype))]
+    problems += [
+        f"stale: {name}"
+        for name, param in params.items()
+        if name in trainer and not torch.equal(param.detach(), trainer[name].to(param.device, param.dtype))
+    ]
     return problems
 
 
 def raise_if_unequal(problems: list[str], checked: int) -> int:
     if problems:
-        raise RuntimeError(f"--train.check_weight_update_equal: after the weight sync {len(problems)} engine "
-                           f"parameters differ from the trainer's: {', '.join(problems[:20])}"
-                           + (" ..." if len(problems) > 20 else ""))
+        raise RuntimeError(
+            f"--train.check_weight_update_equal: after the weight sync {len(problems)} engine "
+            f"parameters differ from the trainer's: {', '.join(problems[:20])}" + (" ..." if len(problems) > 20 else "")
+        )
     return checked

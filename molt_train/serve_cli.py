@@ -28,13 +28,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port (printed at start)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--max-length", type=int, default=None,
-                        help="context limit per session (default: the model's max positions)")
+    parser.add_argument(
+        "--max-length", type=int, default=None, help="context limit per session (default: the model's max positions)"
+    )
     parser.add_argument("--temperature", type=float, default=1.0, help="default when a request sets none")
     parser.add_argument("--max-tokens", type=int, default=256, help="default when a request sets none")
     parser.add_argument("--model-name", default="policy", help="the model name replies carry")
-    parser.add_argument("--session-ttl", type=float, default=3600.0,
-                        help="seconds an unused session (and its trajectory) is kept before it is dropped")
+    parser.add_argument(
+        "--session-ttl",
+        type=float,
+        default=3600.0,
+        help="seconds an unused session (and its trajectory) is kept before it is dropped",
+    )
     args = parser.parse_args(argv)
     try:
         params = SamplingParams(temperature=args.temperature, max_tokens=args.max_tokens)
@@ -47,8 +52,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         print(f"molt-train serve: cannot load a model from --model {args.model!r}: {exc}", file=sys.stderr)
         return 2
-    server = SessionServer(engine, engine.tokenizer, host=args.host, port=args.port, model_name=args.model_name,
-                           params=params, max_length=args.max_length, session_ttl_s=args.session_ttl)
+    server = SessionServer(
+        engine,
+        engine.tokenizer,
+        host=args.host,
+        port=args.port,
+        model_name=args.model_name,
+        params=params,
+        max_length=args.max_length,
+        session_ttl_s=args.session_ttl,
+    )
     return asyncio.run(_serve(server, args.model))
 
 

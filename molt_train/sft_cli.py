@@ -33,10 +33,16 @@ def build_tiny(cfg: SimpleNamespace, rows: list[dict[str, Any]], out: Path) -> P
     texts = [_text(r["prompt"]) + " " + str(r["reference"] if r["reference"] is not None else r["label"]) for r in rows]
     tokenizer = train_tokenizer(texts, vocab_size=cfg.model.vocab_size, split_digits=True)
     m = cfg.model
-    model = build_tiny_model(tokenizer, hidden_size=m.hidden_size, num_layers=m.num_layers, num_heads=m.num_heads,
-                             num_kv_heads=max(1, m.num_heads // 2),
-                             intermediate_size=m.intermediate_size or 4 * m.hidden_size,
-                             max_positions=cfg.data.max_len, seed=cfg.train.seed)
+    model = build_tiny_model(
+        tokenizer,
+        hidden_size=m.hidden_size,
+        num_layers=m.num_layers,
+        num_heads=m.num_heads,
+        num_kv_heads=max(1, m.num_heads // 2),
+        intermediate_size=m.intermediate_size or 4 * m.hidden_size,
+        max_positions=cfg.data.max_len,
+        seed=cfg.train.seed,
+    )
     return save_tiny(model, tokenizer, out)
 
 
@@ -50,12 +56,22 @@ def sft_batch(encoded: list[tuple[list[int], list[bool]]], pad_id: int) -> Exper
     attention = torch.zeros((n, width), dtype=torch.long)
     loss_mask = torch.zeros((n, width), dtype=torch.bool)
     for i, (ids, mask) in enumerate(encoded):
-        input_ids[i, :len(ids)] = torch.tensor(ids)
-        attention[i, :len(ids)] = 1
-        loss_mask[i, :len(ids)] = torch.tensor(mask)
+        input_ids[i, : len(ids)] = torch.tensor(ids)
+        attention[i, : len(ids)] = 1
+        loss_mask[i, : len(ids)] = torch.tensor(mask)
     ids = [str(i) for i in range(n)]
-    return Experience(input_ids, attention, loss_mask[:, 1:], torch.zeros(n, width - 1), torch.zeros(n),
-                      attention.sum(1), torch.zeros(n, dtype=torch.bool), ids, ids, [None] * n)
+    return Experience(
+        input_ids,
+        attention,
+        loss_mask[:, 1:],
+        torch.zeros(n, width - 1),
+        torch.zeros(n),
+        attention.sum(1),
+        torch.zeros(n, dtype=torch.bool),
+        ids,
+        ids,
+        [None] * n,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -68,8 +84,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     rows = load_rows(cfg)
     missing = [i for i, r in enumerate(rows) if r["reference"] is None]
     if missing:
-        raise SystemExit(f"row {missing[0]} has no reference completion; SFT needs the env split's reference_key "
-                         "or --data.output_key")
+        raise SystemExit(
+            f"row {missing[0]} has no reference completion; SFT needs the env split's reference_key "
+            "or --data.output_key"
+        )
     start_step, resume = 0, checkpoint.latest(out) if cfg.ckpt.load_enable else None
     if resume is not None:
         model_path, start_step = resume / "hf", checkpoint.read_state(resume)["step"]
@@ -96,8 +114,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                 metrics = {f"train/{k}" if "/" not in k else k: v for k, v in metrics.items()}
                 metrics["timing/step"] = time.perf_counter() - t
                 if cfg.ckpt.save_steps and step % cfg.ckpt.save_steps == 0 and step < cfg.train.num_steps:
-                    checkpoint.save(group, out, step, str(model_path), {"data_position": step * cfg.train.batch_size},
-                                    cfg.ckpt.max_num)
+                    checkpoint.save(
+                        group,
+                        out,
+                        step,
+                        str(model_path),
+                        {"data_position": step * cfg.train.batch_size},
+                        cfg.ckpt.max_num,
+                    )
                 logger.log(step, metrics, ("train/loss",))
         finally:
             logger.close()

@@ -63,8 +63,12 @@ def init_ray(cfg: SimpleNamespace) -> None:
 
     quiet()
     if not ray.is_initialized():
-        ray.init(address=cfg.ray.address, num_cpus=None if cfg.ray.address else cfg.ray.num_cpus,
-                 include_dashboard=False, runtime_env={"env_vars": QUIET})
+        ray.init(
+            address=cfg.ray.address,
+            num_cpus=None if cfg.ray.address else cfg.ray.num_cpus,
+            include_dashboard=False,
+            runtime_env={"env_vars": QUIET},
+        )
 
 
 def gpu_placement(gpus: int) -> Any:
@@ -75,9 +79,11 @@ def gpu_placement(gpus: int) -> Any:
 
     have = ray.cluster_resources().get("GPU", 0)
     if have < gpus:
-        raise RuntimeError(f"--rollout.engine vllm puts each of the --actor.num_workers trainer ranks on a GPU of its "
-                           f"own, and the engine too unless --train.colocate_all: {gpus} GPUs, but the Ray cluster "
-                           f"has {have:g}; add --train.colocate_all or use fewer trainer ranks")
+        raise RuntimeError(
+            f"--rollout.engine vllm puts each of the --actor.num_workers trainer ranks on a GPU of its "
+            f"own, and the engine too unless --train.colocate_all: {gpus} GPUs, but the Ray cluster "
+            f"has {have:g}; add --train.colocate_all or use fewer trainer ranks"
+        )
     group = placement_group([{"GPU": 1}] * gpus, strategy="STRICT_PACK")
     ray.get(group.ready(), timeout=120)
     return group
@@ -90,23 +96,44 @@ def cpu_threads(cfg: SimpleNamespace, concurrent_processes: int) -> int:
     return cfg.actor.num_threads or max(1, (os.cpu_count() or 1) // max(concurrent_processes, 1))
 
 
-def worker_cfg(cfg: SimpleNamespace, model_path: str, total_steps: int, trainable: bool = True,
-               concurrent_processes: int | None = None) -> dict[str, Any]:
+def worker_cfg(
+    cfg: SimpleNamespace,
+    model_path: str,
+    total_steps: int,
+    trainable: bool = True,
+    concurrent_processes: int | None = None,
+) -> dict[str, Any]:
     a = cfg.actor
-    return {"model_path": model_path, "backend": a.backend, "freeze_moe_router": a.freeze_moe_router, "lr": a.adam.lr, "betas": a.adam.betas, "eps": a.adam.eps,
-            "weight_decay": a.adam.weight_decay, "max_norm": a.max_norm, "seed": cfg.train.seed,
-            "warmup_steps": math.ceil(a.lr_warmup_ratio * total_steps), "total_steps": total_steps,
-            "lr_scheduler": a.lr_scheduler, "min_lr_ratio": a.min_lr_ratio, "trainable": trainable,
-            "logprob_chunk_size": a.logprob_chunk_size, "gradient_checkpoint": a.gradient_checkpoint,
-            "param_dtype": a.param_dtype, "compile": a.compile,
-            "num_threads": cpu_threads(cfg, concurrent_processes or a.num_workers)}
+    return {
+        "model_path": model_path,
+        "backend": a.backend,
+        "freeze_moe_router": a.freeze_moe_router,
+        "lr": a.adam.lr,
+        "betas": a.adam.betas,
+        "eps": a.adam.eps,
+        "weight_decay": a.adam.weight_decay,
+        "max_norm": a.max_norm,
+        "seed": cfg.train.seed,
+        "warmup_steps": math.ceil(a.lr_warmup_ratio * total_steps),
+        "total_steps": total_steps,
+        "lr_scheduler": a.lr_scheduler,
+        "min_lr_ratio": a.min_lr_ratio,
+        "trainable": trainable,
+        "logprob_chunk_size": a.logprob_chunk_size,
+        "gradient_checkpoint": a.gradient_checkpoint,
+        "param_dtype": a.param_dtype,
+        "compile": a.compile,
+        "num_threads": cpu_threads(cfg, concurrent_processes or a.num_workers),
+    }
 
 
-def train_window(group: WorkerGroup, exp: Experience, cfg: SimpleNamespace, pad_id: int,
-                 loss_cfg: dict[str, Any]) -> dict[str, float]:
+def train_window(
+    group: WorkerGroup, exp: Experience, cfg: SimpleNamespace, pad_id: int, loss_cfg: dict[str, Any]
+) -> dict[str, float]:
     """One optimizer step over ``exp`` spread over the group; returns reduced metrics."""
-    plan = plan_micro_batches(exp.lengths.tolist(), len(group.workers), cfg.train.micro_batch_size,
-                              cfg.train.max_tokens_per_gpu)
+    plan = plan_micro_batches(
+        exp.lengths.tolist(), len(group.workers), cfg.train.micro_batch_size, cfg.train.max_tokens_per_gpu
+    )
     mask = exp.action_mask
     window: dict[str, Any] = {"num_tokens": int(mask.sum())}
     mode = loss_cfg.get("loss_agg_mode", "token-mean")
@@ -119,25 +146,32 @@ def train_window(group: WorkerGroup, exp: Experience, cfg: SimpleNamespace, pad_
     per_rank = [[micro_batch(exp, rows, pad_id) for rows in micros] for micros in plan]
     results = group.call("train_step", per_rank, window=window, loss_cfg=loss_cfg)
     tokens = sum(r["tokens"] for r in results)
-    out = {"loss": sum(r["loss"] for r in results), "grad_norm": results[0]["grad_norm"], "lr": results[0]["lr"],
-           "train/micro_batches": float(len(plan[0])), "train/tokens": float(tokens)}
+    out = {
+        "loss": sum(r["loss"] for r in results),
+        "grad_norm": results[0]["grad_norm"],
+        "lr": results[0]["lr"],
+        "train/micro_batches": float(len(plan[0])),
+        "train/tokens": float(tokens),
+    }
     for key in results[0]["weighted"]:
         out[key] = sum(r["weighted"].get(key, 0.0) for r in results) / max(tokens, 1)
     return out
 
 
-def group_logprobs(group: WorkerGroup, exp: Experience, cfg: SimpleNamespace, pad_id: int,
-                   temperature: float) -> torch.Tensor:
+def group_logprobs(
+    group: WorkerGroup, exp: Experience, cfg: SimpleNamespace, pad_id: int, temperature: float
+) -> torch.Tensor:
     """Forward-only log-probs of every row, (N, L-1), computed across the group's ranks."""
-    plan = plan_micro_batches(exp.lengths.tolist(), len(group.workers), cfg.train.micro_batch_size,
-                              cfg.train.max_tokens_per_gpu)
+    plan = plan_micro_batches(
+        exp.lengths.tolist(), len(group.workers), cfg.train.micro_batch_size, cfg.train.max_tokens_per_gpu
+    )
     per_rank = [[micro_batch(exp, rows, pad_id) for rows in micros] for micros in plan]
     outputs = group.call("logprobs", per_rank, temperature=temperature)
     result = torch.zeros(exp.action_mask.shape)
     for micros, outs in zip(plan, outputs, strict=True):
         for rows, out in zip(micros, outs, strict=True):
             if rows:
-                result[torch.tensor(rows), :out.shape[1]] = out
+                result[torch.tensor(rows), : out.shape[1]] = out
     return result
 
 
@@ -160,13 +194,15 @@ class RLTrainer:
         self.resumed_from = resume
         agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
         rows = load_rows(cfg)
-        self.eval_rows = load_rows(cfg, cfg.eval.split)[:cfg.eval.max_samples] if cfg.env else []
+        self.eval_rows = load_rows(cfg, cfg.eval.split)[: cfg.eval.max_samples] if cfg.env else []
         # strictly synchronous: rollout and training take turns, so each may use every core; else they overlap
         overlap = 0 if cfg.train.force_sync_mode else 1
         has_gpus = ray.cluster_resources().get("GPU", 0) > 0
         if cfg.rollout.engine == "vllm" and not has_gpus:
-            raise RuntimeError("--rollout.engine vllm needs a GPU, and the Ray cluster has none; use --rollout.engine "
-                               "hf or run on a GPU machine")
+            raise RuntimeError(
+                "--rollout.engine vllm needs a GPU, and the Ray cluster has none; use --rollout.engine "
+                "hf or run on a GPU machine"
+            )
         colocated = cfg.train.colocate_all and has_gpus
         # vllm: a GPU per trainer rank; the engine shares rank 0's (colocated, CUDA IPC) or has one more (NCCL)
         self.nccl_sync = cfg.rollout.engine == "vllm" and not colocated
@@ -182,30 +218,53 @@ class RLTrainer:
 
             self.placement = gpu_placement(workers + int(self.nccl_sync))
             options["scheduling_strategy"] = PlacementGroupSchedulingStrategy(
-                self.placement, placement_group_bundle_index=workers if self.nccl_sync else 0)
+                self.placement, placement_group_bundle_index=workers if self.nccl_sync else 0
+            )
         self.rollout = rollout_cls.options(**options).remote(
-            model_path, env_id=cfg.env, agent_path=agent_path, max_len=cfg.data.max_len,
-            timeout_s=cfg.rollout.timeout_s, max_batch_size=cfg.rollout.max_batch_size,
-            num_threads=cpu_threads(cfg, 1 + overlap * cfg.actor.num_workers), engine=cfg.rollout.engine,
-            partial_rollout=cfg.train.partial_rollout_enable)
+            model_path,
+            env_id=cfg.env,
+            agent_path=agent_path,
+            max_len=cfg.data.max_len,
+            timeout_s=cfg.rollout.timeout_s,
+            max_batch_size=cfg.rollout.max_batch_size,
+            num_threads=cpu_threads(cfg, 1 + overlap * cfg.actor.num_workers),
+            engine=cfg.rollout.engine,
+            partial_rollout=cfg.train.partial_rollout_enable,
+        )
         self.vllm = vllm_options(cfg) if cfg.rollout.engine == "vllm" else None
         if self.vllm is not None:
             ray.get(self.rollout.start_vllm.remote(self.vllm))
         ray.get(self.rollout.set_prompts.remote(rows, cfg.rollout.batch_size, cfg.train.seed))
         self.steps_per_batch = self._optimizer_steps_per_batch()
-        self.policy = WorkerGroup(cfg.actor.num_workers,
-                                  worker_cfg(cfg, model_path, cfg.train.num_steps * self.steps_per_batch,
-                                             concurrent_processes=cfg.actor.num_workers + overlap),
-                                  gpu_fraction=fraction, placement=self.placement)
+        self.policy = WorkerGroup(
+            cfg.actor.num_workers,
+            worker_cfg(
+                cfg,
+                model_path,
+                cfg.train.num_steps * self.steps_per_batch,
+                concurrent_processes=cfg.actor.num_workers + overlap,
+            ),
+            gpu_fraction=fraction,
+            placement=self.placement,
+        )
         if self.nccl_sync:  # trainer rank 0 + the engine's one worker form the weight-sync group
             host, port = free_port()
-            ray.get([self.policy.workers[0].init_weight_sender.remote(host, port, 2, self.vllm.bucket_bytes),
-                     self.rollout.init_weight_group.remote(host, port, 2)])
+            ray.get(
+                [
+                    self.policy.workers[0].init_weight_sender.remote(host, port, 2, self.vllm.bucket_bytes),
+                    self.rollout.init_weight_group.remote(host, port, 2),
+                ]
+            )
         self.reference = None
         if cfg.algo.kl.init_coef > 0 and cfg.algo.kl.ref == "model":
             ref_path = str(Path(cfg.ref.model_name_or_path or cfg.actor.model_name_or_path).resolve())
-            self.reference = WorkerGroup(cfg.actor.num_workers, worker_cfg(cfg, ref_path, 1, trainable=False), "ref",
-                                         gpu_fraction=fraction, placement=self.placement)
+            self.reference = WorkerGroup(
+                cfg.actor.num_workers,
+                worker_cfg(cfg, ref_path, 1, trainable=False),
+                "ref",
+                gpu_fraction=fraction,
+                placement=self.placement,
+            )
         # the ranks build their model in the background: wait for them here (start-up, not the first step's time)
         ray.get([w.__ray_ready__.remote() for g in (self.policy, self.reference) if g is not None for w in g.workers])
         if resume is not None:
@@ -220,11 +279,18 @@ class RLTrainer:
             self.slots.put(1)
         ray.get(self.rollout.connect.remote(self.queue, self.slots))
         import torch.utils.tensorboard  # noqa: F401  (run()'s MetricsLogger: ~0.2 s to import, start-up time)
+
         r = cfg.rollout
-        self.sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k,
-                         "max_tokens": r.max_new_tokens}
-        self.eval_sampling = {"temperature": cfg.eval.temperature,
-                              "max_tokens": cfg.eval.max_new_tokens or r.max_new_tokens}
+        self.sampling = {
+            "temperature": r.temperature,
+            "top_p": r.top_p,
+            "top_k": r.top_k,
+            "max_tokens": r.max_new_tokens,
+        }
+        self.eval_sampling = {
+            "temperature": cfg.eval.temperature,
+            "max_tokens": cfg.eval.max_new_tokens or r.max_new_tokens,
+        }
         self.shaping = reward_shaping(cfg)
 
     def _optimizer_steps_per_batch(self) -> int:
@@ -234,11 +300,21 @@ class RLTrainer:
 
     def loss_cfg(self) -> dict[str, Any]:
         a, adv, kl = self.cfg.actor, self.cfg.algo.advantage, self.cfg.algo.kl
-        return {"kind": "rl", "temperature": self.cfg.rollout.temperature or 1.0, "loss_mode": a.loss_mode,
-                "eps_low": a.eps_clip_low_high[0], "eps_high": a.eps_clip_low_high[1], "dual_clip": a.dual_clip,
-                "loss_agg_mode": a.loss_agg_mode, "is_level": adv.is_correction_level, "is_mode": adv.is_correction_mode,
-                "is_threshold": tuple(adv.is_correction_threshold), "kl_coef": kl.init_coef,
-                "kl_use_loss": kl.use_loss, "kl_estimator": kl.estimator}
+        return {
+            "kind": "rl",
+            "temperature": self.cfg.rollout.temperature or 1.0,
+            "loss_mode": a.loss_mode,
+            "eps_low": a.eps_clip_low_high[0],
+            "eps_high": a.eps_clip_low_high[1],
+            "dual_clip": a.dual_clip,
+            "loss_agg_mode": a.loss_agg_mode,
+            "is_level": adv.is_correction_level,
+            "is_mode": adv.is_correction_mode,
+            "is_threshold": tuple(adv.is_correction_threshold),
+            "kl_coef": kl.init_coef,
+            "kl_use_loss": kl.use_loss,
+            "kl_estimator": kl.estimator,
+        }
 
     # -- the loop --
     def run(self) -> dict[str, float]:
@@ -247,8 +323,15 @@ class RLTrainer:
         cfg = self.cfg
         total = cfg.train.num_steps
         logger = MetricsLogger(self.output_dir, total, self.start_step, cfg.logger.progress, "rl")
-        self.producer = producer = self.rollout.produce.remote(self.queue, self.slots, self.start_step, total, self.sampling,
-                                               cfg.rollout.n_samples_per_prompt, cfg.train.seed)
+        self.producer = producer = self.rollout.produce.remote(
+            self.queue,
+            self.slots,
+            self.start_step,
+            total,
+            self.sampling,
+            cfg.rollout.n_samples_per_prompt,
+            cfg.train.seed,
+        )
         last: dict[str, float] = {}
         try:
             if cfg.eval.eval_at_start and self.start_step == 0 and self.eval_rows:
@@ -259,8 +342,14 @@ class RLTrainer:
                     last.update(self.evaluate())
                 if cfg.ckpt.save_steps and step % cfg.ckpt.save_steps == 0 and step < total:
                     t = time.perf_counter()
-                    checkpoint.save(self.policy, self.output_dir, step, self.tokenizer_path,
-                                    {"data_position": step * cfg.rollout.batch_size}, cfg.ckpt.max_num)
+                    checkpoint.save(
+                        self.policy,
+                        self.output_dir,
+                        step,
+                        self.tokenizer_path,
+                        {"data_position": step * cfg.rollout.batch_size},
+                        cfg.ckpt.max_num,
+                    )
                     last["timing/checkpoint_s"] = time.perf_counter() - t
                 logger.log(step, last, STATUS_KEYS)
             ray.get(producer)
@@ -327,9 +416,13 @@ class RLTrainer:
         metrics.update({k: float(v) for k, v in shaping_metrics.items()})
         exp.rewards = shaped
         if cfg.algo.dynamic_filtering_enable:
-            kept, filt = dynamic_filtering(exp.group_ids, exp.rollout_ids, exp.scores,
-                                           n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
-                                           score_range=tuple(cfg.algo.dynamic_filtering_range))
+            kept, filt = dynamic_filtering(
+                exp.group_ids,
+                exp.rollout_ids,
+                exp.scores,
+                n_samples_per_prompt=cfg.rollout.n_samples_per_prompt,
+                score_range=tuple(cfg.algo.dynamic_filtering_range),
+            )
             metrics.update(filt)
             exp = exp.select(kept)
             metrics["train/rows_after_filtering"] = float(len(exp))
@@ -348,10 +441,18 @@ class RLTrainer:
             kl = approx_kl(policy, ref, kl_cfg.estimator)
             metrics["kl"] = float((kl * exp.action_mask).sum() / exp.action_mask.sum().clamp(min=1))
         adv = cfg.algo.advantage
-        exp.advantages, _ = get_estimator(adv.estimator)(AdvantageInputs(
-            rewards=exp.rewards, action_mask=exp.action_mask, group_ids=exp.group_ids, rollout_ids=exp.rollout_ids,
-            kl=kl if kl_reward else None, kl_coef=kl_cfg.init_coef if kl_reward else 0.0, gamma=adv.gamma,
-            no_whiten=adv.no_whiten))
+        exp.advantages, _ = get_estimator(adv.estimator)(
+            AdvantageInputs(
+                rewards=exp.rewards,
+                action_mask=exp.action_mask,
+                group_ids=exp.group_ids,
+                rollout_ids=exp.rollout_ids,
+                kl=kl if kl_reward else None,
+                kl_coef=kl_cfg.init_coef if kl_reward else 0.0,
+                gamma=adv.gamma,
+                no_whiten=adv.no_whiten,
+            )
+        )
         metrics["advantage/abs_mean"] = float(exp.advantages.abs().sum() / exp.action_mask.sum().clamp(min=1))
         return exp, metrics
 
@@ -365,13 +466,14 @@ class RLTrainer:
         for _ in range(cfg.train.max_epochs):
             order = torch.randperm(n, generator=generator).tolist() if per_step < n else list(range(n))
             for s in range(0, n, per_step):
-                out = train_window(self.policy, exp.select(order[s:s + per_step]), cfg, self.pad_id, self.loss_cfg())
+                out = train_window(self.policy, exp.select(order[s : s + per_step]), cfg, self.pad_id, self.loss_cfg())
                 for k, v in out.items():
                     totals[k] = totals.get(k, 0.0) + v
                 count += 1
         plain = ("loss", "grad_norm", "lr")
         return {(f"train/{k}" if k in plain else k): v / count for k, v in totals.items()} | {
-            "train/optimizer_steps": float(count)}
+            "train/optimizer_steps": float(count)
+        }
 
     def sync_weights(self) -> dict[str, float]:
         """Trainer -> engine. ``wait`` is time the engine spent reaching a safe point (hf: finishing its decode
@@ -391,15 +493,19 @@ class RLTrainer:
             timing = ray.get(self.rollout.receive_weights.remote(plan, check=check))
             ray.get(sent)
         else:
-            payloads, nbytes = ray.get(self.policy.call_async("share_weights", dtype=self.vllm.dtype,
-                                                              bucket_bytes=self.vllm.bucket_bytes))[0]
+            payloads, nbytes = ray.get(
+                self.policy.call_async("share_weights", dtype=self.vllm.dtype, bucket_bytes=self.vllm.bucket_bytes)
+            )[0]
             try:
                 timing = ray.get(self.rollout.load_shared_weights.remote(payloads, nbytes, check=check))
             finally:
                 self.policy.call("release_shared")
         total = time.perf_counter() - t
-        out = {"timing/weight_sync_wait_engine_s": timing["wait_s"],
-               "timing/weight_sync_move_s": total - timing["wait_s"], "weight_sync/bytes": float(timing["bytes"])}
+        out = {
+            "timing/weight_sync_wait_engine_s": timing["wait_s"],
+            "timing/weight_sync_move_s": total - timing["wait_s"],
+            "weight_sync/bytes": float(timing["bytes"]),
+        }
         if "paused" in timing:  # vllm: requests were in flight and continue on the new weights
             out["weight_sync/paused_rollouts"] = float(timing["paused"])
         if "weight_sync/checked_params" in timing:

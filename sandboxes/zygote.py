@@ -495,8 +495,12 @@ class Repl:
             except frames.FrameError:  # the REPL closed its end: it is exiting
                 outcome = "exited"
             # the cell's own code can write this pipe: anything but the loop's report ends the REPL
-            if cell is not None and not (type(cell.get("exit_code")) is int and 0 <= cell["exit_code"] <= 255
-                                         and type(cell.get("memory_error")) is bool and len(cell) == 2):
+            if cell is not None and not (
+                type(cell.get("exit_code")) is int
+                and 0 <= cell["exit_code"] <= 255
+                and type(cell.get("memory_error")) is bool
+                and len(cell) == 2
+            ):
                 cell, outcome = None, "exited"
         if cell is not None:
             reply = _classify("done", cell, None, limits)
@@ -658,7 +662,7 @@ def _open_in_work(rel: str, flags: int) -> int:
     """Open the regular file `rel` under the work dir without following a symlink on the way; with O_CREAT,
     missing directories are made. Raises OSError (a symlink: ELOOP or ENOTDIR; a FIFO: ENXIO; not a regular
     file: EINVAL) or ValueError (a path that leaves the work dir)."""
-    parts = _inside_work(rel)[len(WORK) + 1:].split("/")
+    parts = _inside_work(rel)[len(WORK) + 1 :].split("/")
     fd = os.open(WORK, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         for part in parts[:-1]:

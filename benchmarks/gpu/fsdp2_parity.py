@@ -19,9 +19,21 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 GSM8K = Path(__file__).resolve().parents[2] / "molt_envs" / "envs" / "data" / "gsm8k" / "train.jsonl"
-LOSS = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "eps_high": 0.2, "dual_clip": None,
-        "loss_agg_mode": "token-mean", "is_level": "off", "is_mode": "mask", "is_threshold": (0.5, 5.0),
-        "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
+LOSS = {
+    "kind": "rl",
+    "temperature": 1.0,
+    "loss_mode": "ppo",
+    "eps_low": 0.2,
+    "eps_high": 0.2,
+    "dual_clip": None,
+    "loss_agg_mode": "token-mean",
+    "is_level": "off",
+    "is_mode": "mask",
+    "is_threshold": (0.5, 5.0),
+    "kl_coef": 0.0,
+    "kl_use_loss": False,
+    "kl_estimator": "k1",
+}
 
 
 def experience(vocab: int):
@@ -32,7 +44,9 @@ def experience(vocab: int):
     trajs = []
     for i in range(12):
         t = Trajectory(group_id=f"g{i // 4}", rollout_id=f"r{i}", reward=float(i % 2))
-        t.append_observation(torch.randint(5, vocab, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist())
+        t.append_observation(
+            torch.randint(5, vocab, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist()
+        )
         n = int(torch.randint(4, 24, (1,), generator=g))
         t.append_action(torch.randint(5, vocab, (n,), generator=g).tolist(), [-1.0] * n)
         trajs.append(t)
@@ -46,10 +60,23 @@ def rank_main(rank: int, world: int, model_dir: str, port: int, out: str) -> Non
     from molt_train.experience import micro_batch, plan_micro_batches
     from molt_train.policy_worker import PolicyWorker
 
-    cfg = {"model_path": model_dir, "lr": 1.0, "betas": (0.9, 0.95), "eps": 1.0, "weight_decay": 0.0, "max_norm": 0,
-           "seed": 0, "warmup_steps": 0, "total_steps": 1, "lr_scheduler": "constant", "min_lr_ratio": 0.0,
-           "trainable": True, "logprob_chunk_size": 64, "gradient_checkpoint": False,
-           "param_dtype": "float32"}  # a comparison of sharding: bf16 rounding would differ with the split
+    cfg = {
+        "model_path": model_dir,
+        "lr": 1.0,
+        "betas": (0.9, 0.95),
+        "eps": 1.0,
+        "weight_decay": 0.0,
+        "max_norm": 0,
+        "seed": 0,
+        "warmup_steps": 0,
+        "total_steps": 1,
+        "lr_scheduler": "constant",
+        "min_lr_ratio": 0.0,
+        "trainable": True,
+        "logprob_chunk_size": 64,
+        "gradient_checkpoint": False,
+        "param_dtype": "float32",
+    }  # a comparison of sharding: bf16 rounding would differ with the split
     worker = PolicyWorker(rank, world, "127.0.0.1", port, cfg)
     exp = experience(worker.config.vocab_size)
     plan = plan_micro_batches(exp.lengths.tolist(), world, 64, 400)
@@ -61,8 +88,16 @@ def rank_main(rank: int, world: int, model_dir: str, port: int, out: str) -> Non
     state = worker.full_state_dict()
     if rank == 0:
         moved = max(float((state[k] - before[k]).abs().max()) for k in state)
-        torch.save({"state": state, "loss": float(loss), "moved": moved, "micro_batches": len(plan[0]),
-                    "device": str(worker.device)}, out)
+        torch.save(
+            {
+                "state": state,
+                "loss": float(loss),
+                "moved": moved,
+                "micro_batches": len(plan[0]),
+                "device": str(worker.device),
+            },
+            out,
+        )
     worker.shutdown()
 
 
@@ -83,9 +118,11 @@ def main() -> None:
     one, two = results[1], results[2]
     diffs = {k: float((one["state"][k].float() - two["state"][k].float()).abs().max()) for k in one["state"]}
     worst = max(diffs, key=diffs.get)
-    print(f"device {one['device']}: loss 1 rank {one['loss']:.6f} vs 2 ranks {two['loss']:.6f}; micro-batches per "
-          f"rank {one['micro_batches']} vs {two['micro_batches']}; the step moved weights by up to {one['moved']:.2e}; "
-          f"max |param diff| 1 vs 2 ranks {diffs[worst]:.2e} ({worst}) over {len(diffs)} tensors")
+    print(
+        f"device {one['device']}: loss 1 rank {one['loss']:.6f} vs 2 ranks {two['loss']:.6f}; micro-batches per "
+        f"rank {one['micro_batches']} vs {two['micro_batches']}; the step moved weights by up to {one['moved']:.2e}; "
+        f"max |param diff| 1 vs 2 ranks {diffs[worst]:.2e} ({worst}) over {len(diffs)} tensors"
+    )
     ok = abs(one["loss"] - two["loss"]) < 1e-4 and diffs[worst] < 1e-4 and one["moved"] > 1e-3
     print("PARITY OK" if ok else "PARITY FAILED")
     sys.exit(0 if ok else 1)

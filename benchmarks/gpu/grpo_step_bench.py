@@ -41,9 +41,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shapes import random_prompts, record  # noqa: E402
 
 PEAK_FLOPS = 790e12  # bf16 dense, measured on this H200 (KINDS.md)
-LOSS = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "eps_high": 0.2, "dual_clip": None,
-        "loss_agg_mode": "token-mean", "is_level": "off", "is_mode": "mask", "is_threshold": (0.5, 5.0),
-        "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
+LOSS = {
+    "kind": "rl",
+    "temperature": 1.0,
+    "loss_mode": "ppo",
+    "eps_low": 0.2,
+    "eps_high": 0.2,
+    "dual_clip": None,
+    "loss_agg_mode": "token-mean",
+    "is_level": "off",
+    "is_mode": "mask",
+    "is_threshold": (0.5, 5.0),
+    "kl_coef": 0.0,
+    "kl_use_loss": False,
+    "kl_estimator": "k1",
+}
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -64,10 +76,24 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
 
 def worker_cfg(args: argparse.Namespace) -> dict:
     """``PolicyWorker``'s settings: AdamW (0.9, 0.95), grad clip 1.0, constant LR, no activation checkpointing."""
-    return {"model_path": args.model, "lr": args.lr, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.0,
-            "max_norm": 1.0, "seed": 0, "warmup_steps": 0, "total_steps": args.steps, "lr_scheduler": "constant",
-            "min_lr_ratio": 0.0, "trainable": True, "logprob_chunk_size": args.chunk, "gradient_checkpoint": False,
-            "param_dtype": args.param_dtype, "compile": args.compile}
+    return {
+        "model_path": args.model,
+        "lr": args.lr,
+        "betas": (0.9, 0.95),
+        "eps": 1e-8,
+        "weight_decay": 0.0,
+        "max_norm": 1.0,
+        "seed": 0,
+        "warmup_steps": 0,
+        "total_steps": args.steps,
+        "lr_scheduler": "constant",
+        "min_lr_ratio": 0.0,
+        "trainable": True,
+        "logprob_chunk_size": args.chunk,
+        "gradient_checkpoint": False,
+        "param_dtype": args.param_dtype,
+        "compile": args.compile,
+    }
 
 
 def local_port() -> int:
@@ -103,10 +129,16 @@ async def main_async(args: argparse.Namespace) -> None:
     from molt_train.policy_worker import PolicyWorker
 
     t0 = time.perf_counter()
-    engine = VLLMEngine(args.model, VLLMOptions(gpu_memory_utilization=args.gpu_memory_utilization,
-                                                max_model_len=1024, max_num_seqs=args.max_num_seqs,
-                                                max_num_batched_tokens=16384,
-                                                num_engines=args.engines))
+    engine = VLLMEngine(
+        args.model,
+        VLLMOptions(
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            max_model_len=1024,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=16384,
+            num_engines=args.engines,
+        ),
+    )
     t_engine = time.perf_counter() - t0
     device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script with a stand-in engine
 
@@ -117,8 +149,11 @@ async def main_async(args: argparse.Namespace) -> None:
     worker = PolicyWorker(0, 1, "127.0.0.1", local_port(), worker_cfg(args))
     cfg = worker.config
     matmul_params = count_matmul_params(worker)
-    print(f"engine {t_engine:.1f}s, policy loaded {time.perf_counter() - t0:.1f}s; matmul params "
-          f"{matmul_params / 1e6:.0f}M", flush=True)
+    print(
+        f"engine {t_engine:.1f}s, policy loaded {time.perf_counter() - t0:.1f}s; matmul params "
+        f"{matmul_params / 1e6:.0f}M",
+        flush=True,
+    )
 
     async def sync(check: bool) -> list[str]:
         """The trainer's colocated sync: rank 0 packs bf16 buckets, the engine loads them by CUDA IPC."""
@@ -143,8 +178,10 @@ async def main_async(args: argparse.Namespace) -> None:
     async def generate(step: int) -> tuple[list, float]:
         """One step's 256 generations and their wall time."""
         start = time.perf_counter()
-        params = [SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=step * 100000 + i * 100 + j)
-                  for i, j in rows]
+        params = [
+            SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=step * 100000 + i * 100 + j)
+            for i, j in rows
+        ]
         gens = await asyncio.gather(*[engine.generate(prompts[i], sp) for (i, _), sp in zip(rows, params, strict=True)])
         return gens, time.perf_counter() - start
 
@@ -161,16 +198,22 @@ async def main_async(args: argparse.Namespace) -> None:
 
         trajs = []
         for (i, j), g in zip(rows, gens, strict=True):
-            t = Trajectory(group_id=str(i), rollout_id=f"{i}:{j}",  # synthetic reward: share of even token ids
-                           reward=sum(tok % 2 == 0 for tok in g.token_ids) / max(len(g.token_ids), 1))
+            t = Trajectory(
+                group_id=str(i),
+                rollout_id=f"{i}:{j}",  # synthetic reward: share of even token ids
+                reward=sum(tok % 2 == 0 for tok in g.token_ids) / max(len(g.token_ids), 1),
+            )
             t.append_observation(prompts[i])
             t.append_action(g.token_ids, g.log_probs)
             trajs.append(t)
         exp = make_experience(trajs, max_len=args.prompt_len + args.new_tokens, pad_id=0)
         lengths = exp.lengths.tolist()
         # GRPO advantages (milliseconds) before the micro-batches, which carry them
-        exp.advantages, _ = estimator(AdvantageInputs(rewards=exp.rewards, action_mask=exp.action_mask,
-                                                      group_ids=exp.group_ids, rollout_ids=exp.rollout_ids))
+        exp.advantages, _ = estimator(
+            AdvantageInputs(
+                rewards=exp.rewards, action_mask=exp.action_mask, group_ids=exp.group_ids, rollout_ids=exp.rollout_ids
+            )
+        )
         micros = [micro_batch(exp, r, 0) for r in plan_micro_batches(lengths, 1, args.micro_rows, 1 << 20)[0]]
         # in a thread, so that the event loop keeps feeding the engine meanwhile (--overlap)
         old = [] if args.no_recompute else await asyncio.to_thread(worker.logprobs, micros, 1.0)
@@ -195,36 +238,60 @@ async def main_async(args: argparse.Namespace) -> None:
         if args.no_recompute:  # train_step's token-weighted sums of the metrics its loss computed
             mismatch = {k: v / num_tokens for k, v in out["weighted"].items() if k.startswith("mismatch/")}
         else:
-            mismatch = {k: float(v) for k, v in mismatch_metrics(
-                torch.cat([lp[mb["action_mask"]] for lp, mb in zip(old, micros, strict=True)]),
-                torch.cat([mb["rollout_logp"][mb["action_mask"]] for mb in micros]),
-                torch.ones(num_tokens, dtype=torch.bool)).items()}
+            mismatch = {
+                k: float(v)
+                for k, v in mismatch_metrics(
+                    torch.cat([lp[mb["action_mask"]] for lp, mb in zip(old, micros, strict=True)]),
+                    torch.cat([mb["rollout_logp"][mb["action_mask"]] for mb in micros]),
+                    torch.ones(num_tokens, dtype=torch.bool),
+                ).items()
+            }
         generated = gens
         if args.overlap:
             generated, generation_s = pending.result()  # the batch generated during this step
         gen_tokens = sum(len(g.token_ids) for g in gens)
         train_flops = model_flops(cfg, lengths, matmul_params, passes=3)
         result = {
-            "step": step, "sequences": len(rows), "generated_tokens": gen_tokens, "total_tokens": sum(lengths),
-            "overlap": args.overlap, "engines": args.engines, "recompute": not args.no_recompute,
-            "step_s": s4 - s0, "generation_s": generation_s, "logprob_s": s2 - s1, "training_s": s3 - s2,
-            "wait_generation_s": s3b - s3, "weight_sync_s": s4 - s3b, "sync_wait_s": last["wait_s"],
-            "sync_copy_s": last["copy_s"], "sync_bytes": last["bytes"], "sync_buckets": last["buckets"],
+            "step": step,
+            "sequences": len(rows),
+            "generated_tokens": gen_tokens,
+            "total_tokens": sum(lengths),
+            "overlap": args.overlap,
+            "engines": args.engines,
+            "recompute": not args.no_recompute,
+            "step_s": s4 - s0,
+            "generation_s": generation_s,
+            "logprob_s": s2 - s1,
+            "training_s": s3 - s2,
+            "wait_generation_s": s3b - s3,
+            "weight_sync_s": s4 - s3b,
+            "sync_wait_s": last["wait_s"],
+            "sync_copy_s": last["copy_s"],
+            "sync_bytes": last["bytes"],
+            "sync_buckets": last["buckets"],
             "generation_tok_per_s": sum(len(g.token_ids) for g in generated) / generation_s,
-            "training_tflops": train_flops / (s3 - s2) / 1e12, "training_mfu": train_flops / (s3 - s2) / PEAK_FLOPS,
-            "logprob_mfu": 0.0 if args.no_recompute else
-            model_flops(cfg, lengths, matmul_params, passes=1) / (s2 - s1) / PEAK_FLOPS,
-            "stale_after_sync": stale, "grad_norm": out["grad_norm"], "loss": out["loss"],
-            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0, **mismatch,
+            "training_tflops": train_flops / (s3 - s2) / 1e12,
+            "training_mfu": train_flops / (s3 - s2) / PEAK_FLOPS,
+            "logprob_mfu": 0.0
+            if args.no_recompute
+            else model_flops(cfg, lengths, matmul_params, passes=1) / (s2 - s1) / PEAK_FLOPS,
+            "stale_after_sync": stale,
+            "grad_norm": out["grad_norm"],
+            "loss": out["loss"],
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else 0.0,
+            **mismatch,
         }
         record(f"grpo_step{step}_{args.tag}", result)
         gen_part = f"(gen {generation_s:.2f} beside) " if args.overlap else f"gen {generation_s:.2f} + "
-        print(f"step {step}: {result['step_s']:.2f}s = {gen_part}logprob "
-              f"{result['logprob_s']:.2f} + train {result['training_s']:.2f} + wait {s3b - s3:.2f} + sync "
-              f"{result['weight_sync_s']:.3f} "
-              f"(wait {last['wait_s']:.4f}, copy {last['copy_s']:.4f}); MFU {result['training_mfu']:.1%}; "
-              f"stale {len(stale)}; bitwise_frac {mismatch['mismatch/bitwise_frac']:.3f} "
-              f"abs_diff {mismatch['mismatch/abs_diff_mean']:.4f} k3 {mismatch['mismatch/k3_kl']:.2e}", flush=True)
+        print(
+            f"step {step}: {result['step_s']:.2f}s = {gen_part}logprob "
+            f"{result['logprob_s']:.2f} + train {result['training_s']:.2f} + wait {s3b - s3:.2f} + sync "
+            f"{result['weight_sync_s']:.3f} "
+            f"(wait {last['wait_s']:.4f}, copy {last['copy_s']:.4f}); MFU {result['training_mfu']:.1%}; "
+            f"stale {len(stale)}; bitwise_frac {mismatch['mismatch/bitwise_frac']:.3f} "
+            f"abs_diff {mismatch['mismatch/abs_diff_mean']:.4f} k3 {mismatch['mismatch/k3_kl']:.2e}",
+            flush=True,
+        )
 
     syncs = []
     for _ in range(args.sync_reps):
@@ -244,10 +311,16 @@ def main() -> None:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
     parser.add_argument("--max-num-seqs", type=int, default=1024, help="per engine")
     parser.add_argument("--engines", type=int, default=1, help="vLLM engines sharing the GPU (--vllm.num_engines)")
-    parser.add_argument("--no-recompute", action="store_true",
-                        help="pi_old from the training forward, as the trainer does when one step takes the batch")
-    parser.add_argument("--overlap", action="store_true",
-                        help="generate step k+1 while step k trains, the trainer's default --train.async_queue_size 1")
+    parser.add_argument(
+        "--no-recompute",
+        action="store_true",
+        help="pi_old from the training forward, as the trainer does when one step takes the batch",
+    )
+    parser.add_argument(
+        "--overlap",
+        action="store_true",
+        help="generate step k+1 while step k trains, the trainer's default --train.async_queue_size 1",
+    )
     asyncio.run(main_async(parser.parse_args()))
 
 

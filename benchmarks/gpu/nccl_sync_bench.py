@@ -66,9 +66,26 @@ async def engine_side(args: argparse.Namespace) -> None:
         port = s.getsockname()[1]
     plan_file = tempfile.mktemp(suffix=".plan")
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=args.trainer_gpu)
-    child = subprocess.Popen([sys.executable, __file__, "--role", "trainer", "--model", args.model, "--port", str(port),
-                              "--plan-file", plan_file, "--bucket-mb", str(args.bucket_mb)],
-                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            __file__,
+            "--role",
+            "trainer",
+            "--model",
+            args.model,
+            "--port",
+            str(port),
+            "--plan-file",
+            plan_file,
+            "--bucket-mb",
+            str(args.bucket_mb),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
     def expect(word: str) -> str:
         while True:  # skip what the trainer's libraries log to stdout
@@ -78,8 +95,16 @@ async def engine_side(args: argparse.Namespace) -> None:
             if line.startswith(word):
                 return line
 
-    engine = VLLMEngine(args.model, VLLMOptions(gpu_memory_utilization=0.5, enforce_eager=True, max_model_len=1024,
-                                                max_num_seqs=256, bucket_mb=args.bucket_mb))
+    engine = VLLMEngine(
+        args.model,
+        VLLMOptions(
+            gpu_memory_utilization=0.5,
+            enforce_eager=True,
+            max_model_len=1024,
+            max_num_seqs=256,
+            bucket_mb=args.bucket_mb,
+        ),
+    )
     await asyncio.to_thread(expect, "READY")
     plan = pickle.loads(Path(plan_file).read_bytes())
     await asyncio.gather(engine.init_weight_group("127.0.0.1", port, 2), asyncio.to_thread(expect, "JOINED"))
@@ -91,15 +116,22 @@ async def engine_side(args: argparse.Namespace) -> None:
         start = time.perf_counter()
         moved, line = await asyncio.gather(engine.receive_broadcast(plan), asyncio.to_thread(expect, "SENT"))
         total = time.perf_counter() - start
-        return {"total_s": total, "trainer_send_s": float(line.split()[1]), "bytes": moved,
-                "buckets": len(plan), **engine.last_sync}
+        return {
+            "total_s": total,
+            "trainer_send_s": float(line.split()[1]),
+            "bytes": moved,
+            "buckets": len(plan),
+            **engine.last_sync,
+        }
 
     idle = [await sync() for _ in range(args.reps)]
     busy = []
     for rep in range(2):  # partial rollout: sync while 256 requests decode
         prompts = random_prompts(256, 64, vocab, seed=rep)
-        tasks = [asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=200, stop_token_ids=[], seed=i)))
-                 for i, p in enumerate(prompts)]
+        tasks = [
+            asyncio.create_task(engine.generate(p, SamplingParams(max_tokens=200, stop_token_ids=[], seed=i)))
+            for i, p in enumerate(prompts)
+        ]
         await asyncio.sleep(1.0)
         busy.append(await sync())
         gens = await asyncio.gather(*tasks)
@@ -111,13 +143,21 @@ async def engine_side(args: argparse.Namespace) -> None:
     child.stdin.write("STOP\n")
     child.stdin.flush()
     child.wait(timeout=60)
-    result = {"model": args.model, "idle": idle, "in_flight": busy, "stale_after_sync": stale,
-              "nccl_env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")}}
+    result = {
+        "model": args.model,
+        "idle": idle,
+        "in_flight": busy,
+        "stale_after_sync": stale,
+        "nccl_env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+    }
     record(f"nccl_sync_{args.tag}", result)
     for r in idle + busy:
-        print(f"{args.tag}: total {r['total_s']:.4f}s  wait {r['wait_s']:.4f}  copy {r['copy_s']:.4f}  "
-              f"trainer send {r['trainer_send_s']:.4f}  {r['bytes'] / 2**30:.2f} GiB in {r['buckets']} buckets"
-              f"  paused={r['paused']:.0f} straddled={r.get('straddled', '-')}", flush=True)
+        print(
+            f"{args.tag}: total {r['total_s']:.4f}s  wait {r['wait_s']:.4f}  copy {r['copy_s']:.4f}  "
+            f"trainer send {r['trainer_send_s']:.4f}  {r['bytes'] / 2**30:.2f} GiB in {r['buckets']} buckets"
+            f"  paused={r['paused']:.0f} straddled={r.get('straddled', '-')}",
+            flush=True,
+        )
     print(f"{args.tag}: stale after sync: {stale}", flush=True)
     engine.shutdown()
 
@@ -135,8 +175,10 @@ def main() -> None:
     args = parser.parse_args()
     for key in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST"):
         if os.environ.get(key) not in ("0", "1"):
-            raise SystemExit(f"set NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (NVLink multicast off), "
-                             f"got {key}={os.environ.get(key)!r}")
+            raise SystemExit(
+                f"set NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 (NVLink multicast off), "
+                f"got {key}={os.environ.get(key)!r}"
+            )
     if args.role == "trainer":
         trainer(args)
     else:

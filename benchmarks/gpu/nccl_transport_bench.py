@@ -32,8 +32,10 @@ def named_weights(shape: str) -> list[tuple[str, torch.Tensor]]:
     with torch.device("meta"):
         model = Qwen3ForCausalLM(cfg)
     gen = torch.Generator(device="cuda").manual_seed(0)
-    return [(n, torch.randn(p.shape, generator=gen, device="cuda", dtype=torch.bfloat16))
-            for n, p in model.named_parameters()]
+    return [
+        (n, torch.randn(p.shape, generator=gen, device="cuda", dtype=torch.bfloat16))
+        for n, p in model.named_parameters()
+    ]
 
 
 def worker(rank: int, shapes: list[str], reps: int, port: int, out: str) -> None:
@@ -64,20 +66,36 @@ def worker(rank: int, shapes: list[str], reps: int, port: int, out: str) -> None
             torch.cuda.synchronize()
             t2 = time.perf_counter()
             if rank == 1:
-                bad = [n for (n, t), s in zip(received, sums, strict=True) if abs(float(t.float().sum()) - s) > 1e-3 * max(1, abs(s))]
+                bad = [
+                    n
+                    for (n, t), s in zip(received, sums, strict=True)
+                    if abs(float(t.float().sum()) - s) > 1e-3 * max(1, abs(s))
+                ]
                 nbytes = sum(t.numel() * t.element_size() for _, t in received)
                 if rep:
-                    results.append({"shape": shape, "rep": rep, "lock_wait_s": t1 - t0, "transfer_s": t2 - t1,
-                                    "bytes": nbytes, "buckets": len(plan), "GB_per_s": nbytes / (t2 - t1) / 1e9,
-                                    "mismatched_tensors": bad})
+                    results.append(
+                        {
+                            "shape": shape,
+                            "rep": rep,
+                            "lock_wait_s": t1 - t0,
+                            "transfer_s": t2 - t1,
+                            "bytes": nbytes,
+                            "buckets": len(plan),
+                            "GB_per_s": nbytes / (t2 - t1) / 1e9,
+                            "mismatched_tensors": bad,
+                        }
+                    )
         del named
         torch.cuda.empty_cache()
     if rank == 1:
         Path(out).write_text(json.dumps(results, indent=1))
         for r in results:
-            print(f"{r['shape']} rep {r['rep']}: {r['bytes'] / 1e9:.2f} GB in {r['buckets']} buckets, lock-wait "
-                  f"{r['lock_wait_s'] * 1e3:.1f} ms, pack+transfer {r['transfer_s'] * 1e3:.1f} ms "
-                  f"({r['GB_per_s']:.0f} GB/s), mismatched {len(r['mismatched_tensors'])}", flush=True)
+            print(
+                f"{r['shape']} rep {r['rep']}: {r['bytes'] / 1e9:.2f} GB in {r['buckets']} buckets, lock-wait "
+                f"{r['lock_wait_s'] * 1e3:.1f} ms, pack+transfer {r['transfer_s'] * 1e3:.1f} ms "
+                f"({r['GB_per_s']:.0f} GB/s), mismatched {len(r['mismatched_tensors'])}",
+                flush=True,
+            )
     dist.destroy_process_group()
 
 

@@ -34,33 +34,81 @@ from shapes import record  # noqa: E402
 REPO = Path(__file__).resolve().parents[2]
 RUNS = {
     "colocated_sync": ["--train.colocate_all", "--train.force_sync_mode", "--vllm.gpu_memory_utilization", "0.35"],
-    "disaggregated_async": ["--vllm.num_engines", "1", "--actor.num_gpus_per_node", "1", "--train.async_queue_size",
-                            "2", "--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode",
-                            "trunc", "--vllm.gpu_memory_utilization", "0.8"],
+    "disaggregated_async": [
+        "--vllm.num_engines",
+        "1",
+        "--actor.num_gpus_per_node",
+        "1",
+        "--train.async_queue_size",
+        "2",
+        "--algo.advantage.is_correction_level",
+        "token",
+        "--algo.advantage.is_correction_mode",
+        "trunc",
+        "--vllm.gpu_memory_utilization",
+        "0.8",
+    ],
 }
 
 
 def busy_fractions(records: list[dict[str, float]]) -> dict[str, float]:
     start = min(r["timing/rollout_start"] for r in records)
-    end = max(r["timing/train_end"] + r["timing/weight_sync_wait_engine_s"] + r["timing/weight_sync_move_s"]
-              for r in records)
+    end = max(
+        r["timing/train_end"] + r["timing/weight_sync_wait_engine_s"] + r["timing/weight_sync_move_s"] for r in records
+    )
     wall = end - start
     rollout = sum(r["timing/rollout_end"] - r["timing/rollout_start"] for r in records)
     trainer = sum(r["timing/train_end"] - r["timing/train_start"] + r["timing/weight_sync_move_s"] for r in records)
-    return {"wall_s": wall, "rollout_idle": 1 - rollout / wall, "trainer_idle": 1 - trainer / wall,
-            "step_s_median": sorted(r["timing/step"] for r in records)[len(records) // 2],
-            "sync_move_s_median": sorted(r["timing/weight_sync_move_s"] for r in records)[len(records) // 2],
-            "sync_wait_s_median": sorted(r["timing/weight_sync_wait_engine_s"] for r in records)[len(records) // 2]}
+    return {
+        "wall_s": wall,
+        "rollout_idle": 1 - rollout / wall,
+        "trainer_idle": 1 - trainer / wall,
+        "step_s_median": sorted(r["timing/step"] for r in records)[len(records) // 2],
+        "sync_move_s_median": sorted(r["timing/weight_sync_move_s"] for r in records)[len(records) // 2],
+        "sync_wait_s_median": sorted(r["timing/weight_sync_wait_engine_s"] for r in records)[len(records) // 2],
+    }
 
 
 def run(name: str, args: argparse.Namespace) -> dict:
     out = Path(tempfile.mkdtemp(prefix=f"placement_{name}_"))
-    cmd = [sys.executable, "-m", "molt_train.cli", "rl", "--env", "molt/gsm8k-v1", "--actor.model_name_or_path",
-           args.model, "--rollout.engine", "vllm", "--rollout.batch_size", str(args.prompts),
-           "--rollout.n_samples_per_prompt", "8", "--algo.advantage.estimator", "grpo", "--rollout.max_new_tokens",
-           str(args.new_tokens), "--data.max_len", "1024", "--train.num_steps", str(args.steps), "--eval.max_samples",
-           "0", "--train.micro_batch_size", "32", "--train.max_tokens_per_gpu", "32768", "--actor.adam.lr", "1e-6",
-           "--ray.num_cpus", "8", "--ckpt.output_dir", str(out), "--no-logger.progress", *RUNS[name]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "molt_train.cli",
+        "rl",
+        "--env",
+        "molt/gsm8k-v1",
+        "--actor.model_name_or_path",
+        args.model,
+        "--rollout.engine",
+        "vllm",
+        "--rollout.batch_size",
+        str(args.prompts),
+        "--rollout.n_samples_per_prompt",
+        "8",
+        "--algo.advantage.estimator",
+        "grpo",
+        "--rollout.max_new_tokens",
+        str(args.new_tokens),
+        "--data.max_len",
+        "1024",
+        "--train.num_steps",
+        str(args.steps),
+        "--eval.max_samples",
+        "0",
+        "--train.micro_batch_size",
+        "32",
+        "--train.max_tokens_per_gpu",
+        "32768",
+        "--actor.adam.lr",
+        "1e-6",
+        "--ray.num_cpus",
+        "8",
+        "--ckpt.output_dir",
+        str(out),
+        "--no-logger.progress",
+        *RUNS[name],
+    ]
     if args.eager:
         cmd.append("--vllm.enforce_eager")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
@@ -71,11 +119,19 @@ def run(name: str, args: argparse.Namespace) -> dict:
         print(done.stdout[-3000:], done.stderr[-6000:], sep="\n", flush=True)
         raise SystemExit(f"{name}: molt-train rl exited {done.returncode}")
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    result = {"run": name, "steps": len(records), "process_s": process_s, **busy_fractions(records),
-              "flags": RUNS[name]}
-    print(f"{name}: {len(records)} steps in {result['wall_s']:.1f} s (process {process_s:.0f} s), median step "
-          f"{result['step_s_median']:.2f} s, rollout idle {result['rollout_idle']:.1%}, trainer idle "
-          f"{result['trainer_idle']:.1%}, sync move {result['sync_move_s_median']:.3f} s", flush=True)
+    result = {
+        "run": name,
+        "steps": len(records),
+        "process_s": process_s,
+        **busy_fractions(records),
+        "flags": RUNS[name],
+    }
+    print(
+        f"{name}: {len(records)} steps in {result['wall_s']:.1f} s (process {process_s:.0f} s), median step "
+        f"{result['step_s_median']:.2f} s, rollout idle {result['rollout_idle']:.1%}, trainer idle "
+        f"{result['trainer_idle']:.1%}, sync move {result['sync_move_s_median']:.3f} s",
+        flush=True,
+    )
     return result
 
 
@@ -91,11 +147,16 @@ def main() -> None:
     results = [run(name, args) for name in RUNS if args.only in (None, name)]
     summary = {r["run"]: r for r in results}
     if len(summary) == 2:
-        summary["speedup_disaggregated_async"] = (summary["colocated_sync"]["wall_s"]
-                                                  / summary["disaggregated_async"]["wall_s"])
-        print(f"disaggregated async is {summary['speedup_disaggregated_async']:.2f}x the colocated sync run", flush=True)
-    record("placement", {**summary, "steps": args.steps, "prompts": args.prompts, "new_tokens": args.new_tokens,
-                         "eager": args.eager})
+        summary["speedup_disaggregated_async"] = (
+            summary["colocated_sync"]["wall_s"] / summary["disaggregated_async"]["wall_s"]
+        )
+        print(
+            f"disaggregated async is {summary['speedup_disaggregated_async']:.2f}x the colocated sync run", flush=True
+        )
+    record(
+        "placement",
+        {**summary, "steps": args.steps, "prompts": args.prompts, "new_tokens": args.new_tokens, "eager": args.eager},
+    )
 
 
 if __name__ == "__main__":

@@ -27,9 +27,14 @@ from molt_envs import SamplingParams  # noqa: E402
 
 async def run_batch(engine, prompts: list[list[int]], new_tokens: int, seeded: bool) -> tuple[float, int]:
     start = time.perf_counter()
-    outs = await asyncio.gather(*[engine.generate(p, SamplingParams(temperature=1.0, max_tokens=new_tokens,
-                                                                     stop_token_ids=[], seed=i if seeded else None))
-                                  for i, p in enumerate(prompts)])
+    outs = await asyncio.gather(
+        *[
+            engine.generate(
+                p, SamplingParams(temperature=1.0, max_tokens=new_tokens, stop_token_ids=[], seed=i if seeded else None)
+            )
+            for i, p in enumerate(prompts)
+        ]
+    )
     wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
     assert all(len(o.log_probs) == len(o.token_ids) for o in outs), "log-probs missing"
@@ -49,7 +54,9 @@ async def ab_logprobs(engine, prompts: list[list[int]], args: argparse.Namespace
     async def bare(i: int, prompt: list[int]) -> int:
         kw = sampling_kwargs(SamplingParams(temperature=1.0, max_tokens=args.new_tokens, stop_token_ids=[], seed=i), [])
         request = VSamplingParams(**{**kw, "logprobs": None}, output_kind=RequestOutputKind.FINAL_ONLY)
-        async for out in engine.llms[0].generate(TokensPrompt(prompt_token_ids=prompt), request, f"ab-{i}-{time.time()}"):
+        async for out in engine.llms[0].generate(
+            TokensPrompt(prompt_token_ids=prompt), request, f"ab-{i}-{time.time()}"
+        ):
             final = out
         assert final.outputs[0].logprobs is None
         return len(final.outputs[0].token_ids)
@@ -59,8 +66,10 @@ async def ab_logprobs(engine, prompts: list[list[int]], args: argparse.Namespace
         start = time.perf_counter()
         bare_tokens = sum(await asyncio.gather(*[bare(i, p) for i, p in enumerate(prompts)]))
         bare_wall = time.perf_counter() - start
-        print(f"ab {rep}: with log-probs {tokens / wall:.0f} tok/s, without {bare_tokens / bare_wall:.0f} tok/s",
-              flush=True)
+        print(
+            f"ab {rep}: with log-probs {tokens / wall:.0f} tok/s, without {bare_tokens / bare_wall:.0f} tok/s",
+            flush=True,
+        )
 
 
 async def bench(engine, name: str, args: argparse.Namespace, vocab: int) -> None:
@@ -76,12 +85,23 @@ async def bench(engine, name: str, args: argparse.Namespace, vocab: int) -> None
         for _ in range(args.reps):
             wall, tokens = await run_batch(engine, prompts, new_tokens, seeded)
             runs.append((wall, tokens))
-            print(f"{name} N={n} T={new_tokens}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.0f} tok/s", flush=True)
+            print(
+                f"{name} N={n} T={new_tokens}: {tokens} tokens in {wall:.2f}s = {tokens / wall:.0f} tok/s", flush=True
+            )
         best = min(runs)
-        record(f"rollout_{args.engine}_{n}" + (f"_x{args.engines}" if args.engines > 1 else ""),
-               {"engine": args.engine, "engines": args.engines, "concurrency": n, "new_tokens": new_tokens,
-                "prompt_len": args.prompt_len, "wall_s": [r[0] for r in runs], "tok_per_s": best[1] / best[0],
-                "model": args.model})
+        record(
+            f"rollout_{args.engine}_{n}" + (f"_x{args.engines}" if args.engines > 1 else ""),
+            {
+                "engine": args.engine,
+                "engines": args.engines,
+                "concurrency": n,
+                "new_tokens": new_tokens,
+                "prompt_len": args.prompt_len,
+                "wall_s": [r[0] for r in runs],
+                "tok_per_s": best[1] / best[0],
+                "model": args.model,
+            },
+        )
     if args.ab_logprobs:
         await ab_logprobs(engine, random_prompts(args.concurrency[0], args.prompt_len, vocab, seed=1), args)
     if args.profile:
@@ -90,8 +110,11 @@ async def bench(engine, name: str, args: argparse.Namespace, vocab: int) -> None
         await engine.llms[0].start_profile()
         wall, tokens = await run_batch(engine, prompts, 8 + steps + 8, seeded)
         await engine.llms[0].stop_profile()
-        print(f"profiled: N={n}, {8 + steps + 8} new tokens in {wall:.2f}s ({wall / (16 + steps) * 1e3:.1f} ms per "
-              f"step, prefill included); CUDA time per kernel: {args.profile}", flush=True)
+        print(
+            f"profiled: N={n}, {8 + steps + 8} new tokens in {wall:.2f}s ({wall / (16 + steps) * 1e3:.1f} ms per "
+            f"step, prefill included); CUDA time per kernel: {args.profile}",
+            flush=True,
+        )
 
 
 def main() -> None:
@@ -120,8 +143,9 @@ def main() -> None:
     if args.engine == "hf":
         from molt_train.engines.hf import HFEngine
 
-        engine = HFEngine.from_pretrained(args.model, device="cuda", dtype=torch.bfloat16,
-                                          max_batch_size=max(args.concurrency), batch_window_s=0.05)
+        engine = HFEngine.from_pretrained(
+            args.model, device="cuda", dtype=torch.bfloat16, max_batch_size=max(args.concurrency), batch_window_s=0.05
+        )
         asyncio.run(bench(engine, "hf", args, vocab))
         return
     from molt_train.engines.vllm import VLLMEngine, VLLMOptions
@@ -132,17 +156,32 @@ def main() -> None:
         def engine_kwargs(self, model: str) -> dict:
             if not args.profile:
                 return super().engine_kwargs(model)
-            return {**super().engine_kwargs(model), "profiler_config": {
-                "profiler": "torch", "torch_profiler_dir": str(Path(args.profile).resolve()), "ignore_frontend": True,
-                "torch_profiler_with_stack": False, "delay_iterations": 8, "max_iterations": 32}}
+            return {
+                **super().engine_kwargs(model),
+                "profiler_config": {
+                    "profiler": "torch",
+                    "torch_profiler_dir": str(Path(args.profile).resolve()),
+                    "ignore_frontend": True,
+                    "torch_profiler_with_stack": False,
+                    "delay_iterations": 8,
+                    "max_iterations": 32,
+                },
+            }
 
-    options = Options(gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.eager,
-                      max_model_len=1024, max_num_seqs=args.max_num_seqs, max_num_batched_tokens=16384,
-                      num_engines=args.engines)
+    options = Options(
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.eager,
+        max_model_len=1024,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=16384,
+        num_engines=args.engines,
+    )
 
     async def go() -> None:
         engine = VLLMEngine(args.model, options)
-        print(f"vllm engine(s) up in {time.perf_counter() - start:.1f}s (eager={args.eager}, {args.engines})", flush=True)
+        print(
+            f"vllm engine(s) up in {time.perf_counter() - start:.1f}s (eager={args.eager}, {args.engines})", flush=True
+        )
         await bench(engine, f"vllm x{args.engines}", args, vocab)
         print(f"requests per engine: {engine.stats['requests_per_engine']}", flush=True)
         engine.shutdown()

@@ -17,17 +17,40 @@ import time
 from pathlib import Path
 
 SHAPES = {  # Qwen3 configs (hidden, layers, heads, kv heads, head_dim, intermediate, vocab)
-    "0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                 intermediate_size=3072, vocab_size=151936),
-    "1.7b": dict(hidden_size=2048, num_hidden_layers=28, num_attention_heads=16, num_key_value_heads=8, head_dim=128,
-                 intermediate_size=6144, vocab_size=151936),
-    "tiny": dict(hidden_size=256, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                 intermediate_size=512, vocab_size=4096),
+    "0.6b": dict(
+        hidden_size=1024,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=3072,
+        vocab_size=151936,
+    ),
+    "1.7b": dict(
+        hidden_size=2048,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        intermediate_size=6144,
+        vocab_size=151936,
+    ),
+    "tiny": dict(
+        hidden_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=512,
+        vocab_size=4096,
+    ),
 }
 
 
-CHATML = ("{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
-          "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}")
+CHATML = (
+    "{% for m in messages %}<|im_start|> {{ m['role'] }} {{ m['content'] }} <|im_end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|> assistant {% endif %}"
+)
 
 
 def make_model(path: str, shape: str, device: str = "cuda") -> str:
@@ -46,12 +69,14 @@ def make_model(path: str, shape: str, device: str = "cuda") -> str:
         vocab[f"w{i}"] = len(vocab)
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>",
-                                   unk_token="<|endoftext|>")
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|endoftext|>", pad_token="<|endoftext|>", unk_token="<|endoftext|>"
+    )
     fast.chat_template = CHATML  # so a registered env's chat prompts render (molt-train rl --env ...)
     fast.save_pretrained(path)
-    cfg = Qwen3Config(**spec, max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=0,
-                      eos_token_id=0, pad_token_id=0)
+    cfg = Qwen3Config(
+        **spec, max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0, pad_token_id=0
+    )
     cfg.dtype = "bfloat16"
     cfg.architectures = ["Qwen3ForCausalLM"]
     torch.manual_seed(0)

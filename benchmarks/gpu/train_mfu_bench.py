@@ -41,16 +41,24 @@ def experience(args: argparse.Namespace, vocab: int):
     n, length = args.prompts * args.samples, args.prompt_len + args.new_tokens
     ids = torch.randint(3, vocab, (n, length), generator=g)
     for i in range(n):  # the samples of a prompt share it
-        ids[i, :args.prompt_len] = ids[i - i % args.samples, :args.prompt_len]
+        ids[i, : args.prompt_len] = ids[i - i % args.samples, : args.prompt_len]
     action = torch.zeros((n, length - 1), dtype=torch.bool)
-    action[:, args.prompt_len - 1:] = True
+    action[:, args.prompt_len - 1 :] = True
     rewards = torch.rand(n, generator=g).view(args.prompts, args.samples)
     adv = ((rewards - rewards.mean(1, keepdim=True)) / (rewards.std(1, keepdim=True) + 1e-6)).view(n, 1) * action
-    return Experience(input_ids=ids, attention_mask=torch.ones_like(ids), action_mask=action,
-                      rollout_logp=torch.full((n, length - 1), -11.9) * action, rewards=rewards.view(n),
-                      lengths=torch.full((n,), length), truncated=torch.zeros(n, dtype=torch.bool),
-                      group_ids=[str(i // args.samples) for i in range(n)], rollout_ids=[str(i) for i in range(n)],
-                      scores=[None] * n, advantages=adv)
+    return Experience(
+        input_ids=ids,
+        attention_mask=torch.ones_like(ids),
+        action_mask=action,
+        rollout_logp=torch.full((n, length - 1), -11.9) * action,
+        rewards=rewards.view(n),
+        lengths=torch.full((n,), length),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        group_ids=[str(i // args.samples) for i in range(n)],
+        rollout_ids=[str(i) for i in range(n)],
+        scores=[None] * n,
+        advantages=adv,
+    )
 
 
 def main() -> None:
@@ -75,8 +83,11 @@ def main() -> None:
     lengths = exp.lengths.tolist()
     window = {"num_tokens": int(exp.action_mask.sum())}
     variant = f"{args.param_dtype}{'+compile' if args.compile else ''}"
-    print(f"{variant}: worker ready in {time.perf_counter() - start:.1f}s, {matmul_params / 1e6:.0f}M matmul params, "
-          f"{len(micros)} micro-batches of {args.micro_rows} rows", flush=True)
+    print(
+        f"{variant}: worker ready in {time.perf_counter() - start:.1f}s, {matmul_params / 1e6:.0f}M matmul params, "
+        f"{len(micros)} micro-batches of {args.micro_rows} rows",
+        flush=True,
+    )
 
     def sync() -> None:  # cpu: a dry run of this script
         if torch.cuda.is_available():
@@ -96,15 +107,26 @@ def main() -> None:
 
     for step in range(args.steps):
         t0, t1, t2, out = step_once()
-        result = {"variant": variant, "step": step, "tokens": sum(lengths), "logprob_s": t1 - t0, "training_s": t2 - t1,
-                  "logprob_mfu": model_flops(config, lengths, matmul_params, 1) / (t1 - t0) / PEAK_FLOPS,
-                  "training_mfu": model_flops(config, lengths, matmul_params, 3) / (t2 - t1) / PEAK_FLOPS,
-                  "training_tok_per_s": sum(lengths) / (t2 - t1), "loss": out["loss"], "grad_norm": out["grad_norm"],
-                  "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0}
+        result = {
+            "variant": variant,
+            "step": step,
+            "tokens": sum(lengths),
+            "logprob_s": t1 - t0,
+            "training_s": t2 - t1,
+            "logprob_mfu": model_flops(config, lengths, matmul_params, 1) / (t1 - t0) / PEAK_FLOPS,
+            "training_mfu": model_flops(config, lengths, matmul_params, 3) / (t2 - t1) / PEAK_FLOPS,
+            "training_tok_per_s": sum(lengths) / (t2 - t1),
+            "loss": out["loss"],
+            "grad_norm": out["grad_norm"],
+            "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if torch.cuda.is_available() else 0.0,
+        }
         record(f"train_mfu_{args.tag}_{variant}", result)
-        print(f"{variant} step {step}: logprob {t1 - t0:.2f}s ({result['logprob_mfu']:.1%}), train {t2 - t1:.2f}s "
-              f"({result['training_mfu']:.1%} MFU, {result['training_tok_per_s'] / 1e3:.0f}K tok/s), "
-              f"peak {result['peak_mem_gib']:.0f} GiB", flush=True)
+        print(
+            f"{variant} step {step}: logprob {t1 - t0:.2f}s ({result['logprob_mfu']:.1%}), train {t2 - t1:.2f}s "
+            f"({result['training_mfu']:.1%} MFU, {result['training_tok_per_s'] / 1e3:.0f}K tok/s), "
+            f"peak {result['peak_mem_gib']:.0f} GiB",
+            flush=True,
+        )
     if args.profile:
         profile(step_once)
     worker.shutdown()
@@ -118,8 +140,11 @@ def profile(step_once) -> None:
     with torch_profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA], record_shapes=True) as prof:
         step_once()
     print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=90))
-    print(prof.key_averages(group_by_input_shape=True).table(sort_by="self_device_time_total", row_limit=25,
-                                                             max_name_column_width=40, max_shapes_column_width=120))
+    print(
+        prof.key_averages(group_by_input_shape=True).table(
+            sort_by="self_device_time_total", row_limit=25, max_name_column_width=40, max_shapes_column_width=120
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -49,10 +49,16 @@ from collections import defaultdict
 from pathlib import Path
 
 # Before any Hugging Face / vLLM import: no hub, no telemetry ping, one visible GPU.
-for _key, _value in {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                     "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false",
-                     "VLLM_LOGGING_LEVEL": "WARNING", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-                     "CUDA_VISIBLE_DEVICES": "0"}.items():
+for _key, _value in {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "HF_HUB_DISABLE_TELEMETRY": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+    "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+    "CUDA_VISIBLE_DEVICES": "0",
+}.items():
     os.environ.setdefault(_key, _value)
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -136,17 +142,41 @@ def run(args: argparse.Namespace, model_dir: str, out_dir: str) -> dict:
         return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
     settings = dict(
-        per_device_train_batch_size=args.micro_rows, gradient_accumulation_steps=accumulation,
-        steps_per_generation=accumulation, num_generations=args.samples, num_iterations=1,
-        max_completion_length=args.new_tokens, temperature=1.0, top_p=1.0, top_k=0, beta=0.0,
-        learning_rate=args.lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        adam_beta1=0.9, adam_beta2=0.95, optim="adamw_torch_fused", max_grad_norm=1.0,
-        bf16=True, gradient_checkpointing=False, max_steps=args.steps, shuffle_dataset=False, seed=0,
+        per_device_train_batch_size=args.micro_rows,
+        gradient_accumulation_steps=accumulation,
+        steps_per_generation=accumulation,
+        num_generations=args.samples,
+        num_iterations=1,
+        max_completion_length=args.new_tokens,
+        temperature=1.0,
+        top_p=1.0,
+        top_k=0,
+        beta=0.0,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        weight_decay=0.0,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        optim="adamw_torch_fused",
+        max_grad_norm=1.0,
+        bf16=True,
+        gradient_checkpointing=False,
+        max_steps=args.steps,
+        shuffle_dataset=False,
+        seed=0,
         model_init_kwargs={"dtype": "float32", "attn_implementation": "sdpa"},
-        use_vllm=cuda, vllm_mode="colocate", vllm_gpu_memory_utilization=args.gpu_memory_utilization,
+        use_vllm=cuda,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=args.gpu_memory_utilization,
         vllm_max_model_length=args.prompt_len + args.new_tokens if args.cpu_smoke else 1024,
-        vllm_tensor_parallel_size=1, vllm_enable_sleep_mode=False,
-        report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, use_cpu=not cuda,
+        vllm_tensor_parallel_size=1,
+        vllm_enable_sleep_mode=False,
+        report_to="none",
+        save_strategy="no",
+        logging_steps=1,
+        disable_tqdm=True,
+        use_cpu=not cuda,
     )
     config = GRPOConfig(output_dir=out_dir, **settings)
     if config.generation_batch_size != n:
@@ -170,37 +200,49 @@ def run(args: argparse.Namespace, model_dir: str, out_dir: str) -> dict:
             training_s = step_s - sec.get("rollout", 0.0)
             train_flops = model_flops(cfg, lengths, matmul_params, passes=3)
             row = {
-                "step": len(steps), "sequences": len(lengths), "generated_tokens": gen_tokens,
-                "total_tokens": sum(lengths), "step_s": step_s, "rollout_s": sec.get("rollout", 0.0),
+                "step": len(steps),
+                "sequences": len(lengths),
+                "generated_tokens": gen_tokens,
+                "total_tokens": sum(lengths),
+                "step_s": step_s,
+                "rollout_s": sec.get("rollout", 0.0),
                 "weight_sync_s": sec.get("sync", 0.0),
                 "generation_s": sec.get("generate", 0.0) - sec.get("sync", 0.0),
-                "logprob_s": sec.get("logprob", 0.0), "training_s": training_s,
+                "logprob_s": sec.get("logprob", 0.0),
+                "training_s": training_s,
                 "training_tflops": train_flops / training_s / 1e12,
                 "training_mfu": train_flops / training_s / PEAK_FLOPS,
                 "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
             }
             row["generation_tok_per_s"] = gen_tokens / row["generation_s"] if row["generation_s"] > 0 else 0.0
             steps.append(row)
-            print(f"step {row['step']}: {step_s:.2f}s = rollout {row['rollout_s']:.2f} (sync "
-                  f"{row['weight_sync_s']:.3f}, gen {row['generation_s']:.2f}, logprob {row['logprob_s']:.2f}) + train "
-                  f"{training_s:.2f}; {gen_tokens} new tokens, {row['generation_tok_per_s']:.0f} tok/s; "
-                  f"MFU {row['training_mfu']:.1%}; peak {row['peak_mem_gib']:.1f} GiB", flush=True)
+            print(
+                f"step {row['step']}: {step_s:.2f}s = rollout {row['rollout_s']:.2f} (sync "
+                f"{row['weight_sync_s']:.3f}, gen {row['generation_s']:.2f}, logprob {row['logprob_s']:.2f}) + train "
+                f"{training_s:.2f}; {gen_tokens} new tokens, {row['generation_tok_per_s']:.0f} tok/s; "
+                f"MFU {row['training_mfu']:.1%}; peak {row['peak_mem_gib']:.1f} GiB",
+                flush=True,
+            )
 
         def on_log(self, args_, state, control, logs=None, **kwargs):
             if steps and logs and "reward" in logs:
                 steps[-1]["trl"] = {k: float(v) for k, v in logs.items() if isinstance(v, (int, float))}
 
     t0 = time.perf_counter()
-    trainer = GRPOTrainer(model=model_dir, reward_funcs=even_share, args=config, train_dataset=dataset,
-                          callbacks=[StepTimer()])
+    trainer = GRPOTrainer(
+        model=model_dir, reward_funcs=even_share, args=config, train_dataset=dataset, callbacks=[StepTimer()]
+    )
     init_s = time.perf_counter() - t0
     policy = trainer.model
     matmul_params = sum(p.numel() for name, p in policy.named_parameters() if "embed_tokens" not in name)
     if cfg.tie_word_embeddings:
         matmul_params += policy.get_input_embeddings().weight.numel()  # the tied lm_head is a matmul
-    print(f"GRPOTrainer ready in {init_s:.1f}s (vLLM {'colocated' if cuda else 'off'}); policy "
-          f"{next(policy.parameters()).dtype} on {next(policy.parameters()).device}; {n} sequences per step in "
-          f"{accumulation} micro-batches of {args.micro_rows}", flush=True)
+    print(
+        f"GRPOTrainer ready in {init_s:.1f}s (vLLM {'colocated' if cuda else 'off'}); policy "
+        f"{next(policy.parameters()).dtype} on {next(policy.parameters()).device}; {n} sequences per step in "
+        f"{accumulation} micro-batches of {args.micro_rows}",
+        flush=True,
+    )
     phases.wrap(trainer, "_generate_and_score_completions", "rollout")
     phases.wrap(trainer, "_generate_single_turn", "generate")
     phases.wrap(trainer, "_get_per_token_logps_and_entropies", "logprob")
@@ -213,8 +255,12 @@ def run(args: argparse.Namespace, model_dir: str, out_dir: str) -> dict:
     if len(rollout_lengths) != args.steps:
         raise RuntimeError(f"expected one generation per step, saw {len(rollout_lengths)} for {args.steps} steps")
 
-    versions = {"trl": trl.__version__, "torch": torch.__version__, "transformers": transformers.__version__,
-                "datasets": datasets.__version__}
+    versions = {
+        "trl": trl.__version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "datasets": datasets.__version__,
+    }
     if cuda:
         import vllm
 
@@ -223,14 +269,23 @@ def run(args: argparse.Namespace, model_dir: str, out_dir: str) -> dict:
     keys = [k for k in steps[0] if k != "trl"]
     result = {k: [s[k] for s in steps] for k in keys}
     result["trl_logs"] = [s.get("trl", {}) for s in steps]
-    result.update(init_s=init_s, versions=versions, matmul_params=matmul_params,
-                  settings={k: v for k, v in settings.items() if k != "use_cpu"}
-                  | {"prompts": args.prompts, "prompt_len": args.prompt_len, "model": model_dir,
-                     "vllm_max_num_seqs": config.per_device_train_batch_size * config.steps_per_generation,
-                     "vllm_max_num_batched_tokens": 4096, "vllm_prefix_caching": "vLLM default (on)",
-                     "loss_type": config.loss_type,
-                     "scale_rewards": config.scale_rewards,
-                     "vllm_importance_sampling_correction": config.vllm_importance_sampling_correction})
+    result.update(
+        init_s=init_s,
+        versions=versions,
+        matmul_params=matmul_params,
+        settings={k: v for k, v in settings.items() if k != "use_cpu"}
+        | {
+            "prompts": args.prompts,
+            "prompt_len": args.prompt_len,
+            "model": model_dir,
+            "vllm_max_num_seqs": config.per_device_train_batch_size * config.steps_per_generation,
+            "vllm_max_num_batched_tokens": 4096,
+            "vllm_prefix_caching": "vLLM default (on)",
+            "loss_type": config.loss_type,
+            "scale_rewards": config.scale_rewards,
+            "vllm_importance_sampling_correction": config.vllm_importance_sampling_correction,
+        },
+    )
     return result
 
 
@@ -246,12 +301,19 @@ def main() -> None:
     parser.add_argument("--micro-rows", type=int, default=None)
     parser.add_argument("--lr", type=float, default=1e-5)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.35)
-    parser.add_argument("--cpu-smoke", action="store_true",
-                        help="tiny model on CPU, HF generate instead of vLLM, 8 new tokens, 2 steps")
+    parser.add_argument(
+        "--cpu-smoke", action="store_true", help="tiny model on CPU, HF generate instead of vLLM, 8 new tokens, 2 steps"
+    )
     args = parser.parse_args()
     # (GPU default, CPU smoke default) for the flags whose default depends on the mode
-    for name, gpu, cpu in [("tag", "0.6b", "cpu_smoke"), ("steps", 3, 2), ("prompts", 32, 2), ("samples", 8, 4),
-                           ("new_tokens", 512, 8), ("micro_rows", 32, 4)]:
+    for name, gpu, cpu in [
+        ("tag", "0.6b", "cpu_smoke"),
+        ("steps", 3, 2),
+        ("prompts", 32, 2),
+        ("samples", 8, 4),
+        ("new_tokens", 512, 8),
+        ("micro_rows", 32, 4),
+    ]:
         if getattr(args, name) is None:
             setattr(args, name, cpu if args.cpu_smoke else gpu)
     if args.cpu_smoke == bool(args.model):

@@ -23,8 +23,9 @@ def is_test_task(question: str, test_fraction: float) -> bool:
     return int.from_bytes(digest[:4], "big") / 2**32 < test_fraction
 
 
-def generate_split(split: str, size: int = 4096, seed: int = 0, max_operand: int = 99, ops: str = "+-",
-                   test_fraction: float = 0.1) -> Iterator[dict]:
+def generate_split(
+    split: str, size: int = 4096, seed: int = 0, max_operand: int = 99, ops: str = "+-", test_fraction: float = 0.1
+) -> Iterator[dict]:
     """Rows ``{"question", "answer"}``; train and test never share a question."""
     if split not in ("train", "test"):
         raise ValueError(f"arith has splits 'train' and 'test', not {split!r}")
@@ -52,5 +53,4 @@ class ArithEnv(Env):
     async def step(self, state: StepState) -> Result:
         answer = parse_answer(state["action_text"])
         exact = float(answer is not None and answer == int(state["label"]))
-        return Result(reward=exact, terminated=True,
-                      info={"exact": exact, "missing_answer": float(answer is None)})
+        return Result(reward=exact, terminated=True, info={"exact": exact, "missing_answer": float(answer is None)})

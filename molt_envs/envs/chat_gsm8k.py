@@ -21,8 +21,10 @@ class _GradedAgent(ChatAgent):
 
     async def _graded(self, text: str, label: object) -> Result:
         scores = await asyncio.wait_for(asyncio.to_thread(grade, text, label), timeout=self.grader_timeout_s)
-        return Result(reward=scores["reward"], info={"math_exact": scores["math_exact"],
-                                                     "missing_answer": scores["missing_answer"]})
+        return Result(
+            reward=scores["reward"],
+            info={"math_exact": scores["math_exact"], "missing_answer": scores["missing_answer"]},
+        )
 
 
 class ChatGSM8KAgent(_GradedAgent):
@@ -33,8 +35,12 @@ class ChatGSM8KAgent(_GradedAgent):
 
         async with AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, timeout=CLIENT_TIMEOUT_S) as client:
             response = await client.chat.completions.create(
-                model=ctx.model_name, messages=ctx.messages, max_tokens=ctx.sampling_params.max_tokens,
-                temperature=ctx.sampling_params.temperature, top_p=ctx.sampling_params.top_p)
+                model=ctx.model_name,
+                messages=ctx.messages,
+                max_tokens=ctx.sampling_params.max_tokens,
+                temperature=ctx.sampling_params.temperature,
+                top_p=ctx.sampling_params.top_p,
+            )
         return await self._graded(response.choices[0].message.content or "", ctx.label)
 
 
@@ -48,7 +54,10 @@ class ChatGSM8KAnthropicAgent(_GradedAgent):
         messages = [m for m in ctx.messages if m["role"] != "system"]
         async with AsyncAnthropic(base_url=ctx.session_url, api_key=ctx.api_key, timeout=CLIENT_TIMEOUT_S) as client:
             message = await client.messages.create(
-                model=ctx.model_name, messages=messages, max_tokens=ctx.sampling_params.max_tokens,
-                **({"system": system} if system else {}))  # temperature etc.: the session's SamplingParams
+                model=ctx.model_name,
+                messages=messages,
+                max_tokens=ctx.sampling_params.max_tokens,
+                **({"system": system} if system else {}),
+            )  # temperature etc.: the session's SamplingParams
         text = "".join(block.text for block in message.content if block.type == "text")
         return await self._graded(text, ctx.label)

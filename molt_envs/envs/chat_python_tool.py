@@ -19,8 +19,15 @@ CLIENT_TIMEOUT_S = 3600.0
 
 
 class ChatPythonToolAgent(ChatAgent):
-    def __init__(self, provider: str = "auto", persistent: bool = False, max_output_chars: int = 1024,
-                 wall_s: float = 5.0, max_turns: int = 4, grader_timeout_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        provider: str = "auto",
+        persistent: bool = False,
+        max_output_chars: int = 1024,
+        wall_s: float = 5.0,
+        max_turns: int = 4,
+        grader_timeout_s: float = 5.0,
+    ) -> None:
         self.tools = ToolBox(provider, persistent=persistent, max_chars=max_output_chars, wall_s=wall_s)
         self.max_turns = max_turns
         self.grader_timeout_s = grader_timeout_s
@@ -32,12 +39,18 @@ class ChatPythonToolAgent(ChatAgent):
         if messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
         tools = ctx.tools or [PYTHON_EXECUTOR]
-        async with self.tools, AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key,
-                                           timeout=CLIENT_TIMEOUT_S) as client:
+        async with (
+            self.tools,
+            AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key, timeout=CLIENT_TIMEOUT_S) as client,
+        ):
             for turn in range(self.max_turns):
                 response = await client.chat.completions.create(
-                    model=ctx.model_name, messages=messages, tools=tools, max_tokens=ctx.sampling_params.max_tokens,
-                    temperature=ctx.sampling_params.temperature)
+                    model=ctx.model_name,
+                    messages=messages,
+                    tools=tools,
+                    max_tokens=ctx.sampling_params.max_tokens,
+                    temperature=ctx.sampling_params.temperature,
+                )
                 message = response.choices[0].message
                 if not message.tool_calls or "\\boxed" in (message.content or ""):
                     return await self._graded(message.content or "", ctx.label, turn + 1)

@@ -13,7 +13,11 @@ class GSM8KEnv(Env):
         self.grader_timeout_s = grader_timeout_s
 
     async def step(self, state: StepState) -> Result:
-        scores = await asyncio.wait_for(asyncio.to_thread(grade, state["action_text"], state["label"]),
-                                        timeout=self.grader_timeout_s)
-        return Result(reward=scores["reward"], terminated=True,
-                      info={"math_exact": scores["math_exact"], "missing_answer": scores["missing_answer"]})
+        scores = await asyncio.wait_for(
+            asyncio.to_thread(grade, state["action_text"], state["label"]), timeout=self.grader_timeout_s
+        )
+        return Result(
+            reward=scores["reward"],
+            terminated=True,
+            info={"math_exact": scores["math_exact"], "missing_answer": scores["missing_answer"]},
+        )

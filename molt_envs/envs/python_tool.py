@@ -17,8 +17,10 @@ from molt_envs.graders.math import grade
 from molt_envs.tool_calls import parse_tool_calls
 from molt_envs.tools import PYTHON_EXECUTOR, ToolBox
 
-SYSTEM_PROMPT = ("You are a careful calculator. Use the python_executor tool to compute exact results, then give the "
-                 "final answer as \\boxed{number}.")
+SYSTEM_PROMPT = (
+    "You are a careful calculator. Use the python_executor tool to compute exact results, then give the "
+    "final answer as \\boxed{number}."
+)
 # ChatML: the action ends at <|im_end|>; the template's newline after it and the next turns are env text.
 TOOL_TURN = "\n<|im_start|>user\n<tool_response>\n{output}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
@@ -33,8 +35,9 @@ def generate_split(split: str, size: int = 1000, seed: int = 0) -> Iterator[dict
 
 
 class PythonToolEnv(Env):
-    def __init__(self, provider: str = "auto", persistent: bool = False, max_output_chars: int = 1024,
-                 wall_s: float = 5.0) -> None:
+    def __init__(
+        self, provider: str = "auto", persistent: bool = False, max_output_chars: int = 1024, wall_s: float = 5.0
+    ) -> None:
         self.tools = ToolBox(provider, persistent=persistent, max_chars=max_output_chars, wall_s=wall_s)
         self.tool_calls = 0
 
@@ -50,9 +53,15 @@ class PythonToolEnv(Env):
         content, calls = parse_tool_calls(state["action_text"])
         if not calls or "\\boxed" in content:
             scores = grade(content, state["label"])
-            return Result(reward=scores["reward"], terminated=True,
-                          info={"correct": scores["math_exact"], "tool_calls": float(self.tool_calls),
-                                "turns": float(state["turn"] + 1)})
+            return Result(
+                reward=scores["reward"],
+                terminated=True,
+                info={
+                    "correct": scores["math_exact"],
+                    "tool_calls": float(self.tool_calls),
+                    "turns": float(state["turn"] + 1),
+                },
+            )
         outputs = []
         for call in calls:
             self.tool_calls += 1

@@ -48,19 +48,25 @@ class HFEngine:
         self.last_sync = {"wait_s": 0.0, "copy_s": 0.0, "bytes": 0}
 
     @classmethod
-    def from_pretrained(cls, path: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, **kwargs: Any) -> HFEngine:
+    def from_pretrained(
+        cls, path: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, **kwargs: Any
+    ) -> HFEngine:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
         return cls(model, AutoTokenizer.from_pretrained(path), **kwargs)
 
     # -- Engine protocol --
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None
+    ) -> Generation:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty; an engine needs at least one token to condition on")
         if self.max_positions and len(prompt_ids) + params.max_tokens > self.max_positions:
-            raise ValueError(f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                             f"model's {self.max_positions} positions; lower max_tokens or data.max_len")
+            raise ValueError(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"model's {self.max_positions} positions; lower max_tokens or data.max_len"
+            )
         if self._queue is None or self._worker is None or self._worker.done():
             self._queue = asyncio.Queue()
             self._worker = asyncio.get_running_loop().create_task(self._serve())
@@ -136,8 +142,8 @@ class HFEngine:
         ids = torch.full((len(prompts), longest), self.pad_token_id, dtype=torch.long)
         mask = torch.zeros((len(prompts), longest), dtype=torch.long)
         for i, prompt in enumerate(prompts):
-            ids[i, longest - len(prompt):] = torch.tensor(prompt)
-            mask[i, longest - len(prompt):] = 1
+            ids[i, longest - len(prompt) :] = torch.tensor(prompt)
+            mask[i, longest - len(prompt) :] = 1
         ids, mask = ids.to(device), mask.to(device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
@@ -169,8 +175,13 @@ class HFEngine:
                 break
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
             positions = positions[:, -1:] + 1
-            out = self.model(input_ids=next_ids[:, None], attention_mask=mask, position_ids=positions,
-                             use_cache=True, **{self._cache_arg: cache})
+            out = self.model(
+                input_ids=next_ids[:, None],
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_arg: cache},
+            )
             cache, logits = getattr(out, self._cache_arg), out.logits[:, -1, :].float()
         return [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish, strict=True)]
 
@@ -197,8 +208,9 @@ class _RowParams:
             uniforms[unseeded] = torch.rand((len(unseeded), uniforms.shape[1]))
         self.uniforms = uniforms.to(device)
 
-    def sample(self, logits: torch.Tensor, step: int,
-               banned: list[tuple[int, set[int]]]) -> tuple[torch.Tensor, torch.Tensor]:
+    def sample(
+        self, logits: torch.Tensor, step: int, banned: list[tuple[int, set[int]]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's next token, and its log-prob under the temperature-scaled distribution (before top-k/top-p
         and min_tokens filtering; temperature 0: greedy, at temperature 1). ``banned``: (row, stop tokens) pairs
         that cannot be sampled yet (min_tokens)."""

@@ -42,8 +42,10 @@ from molt_envs import Generation, SamplingParams
 from molt_train.engines.weight_buckets import BUCKET_BYTES, pack, plan_buckets, share
 
 WORKER_EXTENSION = "molt_train.engines.vllm_worker.WeightSyncExtension"
-VLLM_INSTALL_HINT = ("--rollout.engine vllm needs vLLM (a CUDA build, e.g. vllm==0.24.0 with torch 2.11): "
-                     "pip install vllm, or use --rollout.engine hf")
+VLLM_INSTALL_HINT = (
+    "--rollout.engine vllm needs vLLM (a CUDA build, e.g. vllm==0.24.0 with torch 2.11): "
+    "pip install vllm, or use --rollout.engine hf"
+)
 
 
 @dataclass
@@ -74,8 +76,10 @@ class VLLMOptions:
         if self.mtp_num_speculative_tokens < 0:
             raise ValueError(f"--vllm.mtp_num_speculative_tokens must be >= 0, got {self.mtp_num_speculative_tokens}")
         if self.mtp_num_speculative_tokens and self.enable_prefix_caching:
-            raise ValueError("--vllm.mtp_num_speculative_tokens cannot be combined with --vllm.enable_prefix_caching; "
-                             "drop one of them")
+            raise ValueError(
+                "--vllm.mtp_num_speculative_tokens cannot be combined with --vllm.enable_prefix_caching; "
+                "drop one of them"
+            )
         if self.dtype not in ("bfloat16", "float16", "float32", "auto"):
             raise ValueError(f"--vllm.dtype must be bfloat16, float16, float32 or auto, got {self.dtype!r}")
 
@@ -118,8 +122,13 @@ class VLLMOptions:
 
 # (flag, type, default, help) rows in the format of molt_train.config's flag tables
 VLLM_FLAGS: list[tuple[str, Any, Any, str]] = [
-    ("--vllm.num_engines", int, 1, "vLLM engines; with --train.colocate_all all share the one GPU (requests go to "
-                                    "the least busy, gpu_memory_utilization is split between them)"),
+    (
+        "--vllm.num_engines",
+        int,
+        1,
+        "vLLM engines; with --train.colocate_all all share the one GPU (requests go to "
+        "the least busy, gpu_memory_utilization is split between them)",
+    ),
     ("--vllm.tensor_parallel_size", int, 1, "tensor-parallel GPUs per vLLM engine"),
     ("--vllm.data_parallel_size", int, 1, "data-parallel vLLM replicas (single node)"),
     ("--vllm.gpu_memory_utilization", float, 0.35, "fraction of GPU memory vLLM takes (weights + KV cache)"),
@@ -163,8 +172,10 @@ def sampled_logprobs(logprobs: Any, token_ids: Sequence[int]) -> list[float]:
     """The log-prob of each sampled token from vLLM's per-position logprobs (flat or list of dicts)."""
     if logprobs is None or len(logprobs) != len(token_ids):
         got = "none" if logprobs is None else len(logprobs)
-        raise RuntimeError(f"vLLM returned {got} log-prob positions for {len(token_ids)} tokens; "
-                           "the engine must run with logprobs=0 on every request")
+        raise RuntimeError(
+            f"vLLM returned {got} log-prob positions for {len(token_ids)} tokens; "
+            "the engine must run with logprobs=0 on every request"
+        )
     if hasattr(logprobs, "start_indices"):  # FlatLogprobs
         out = []
         for i, token in enumerate(token_ids):
@@ -234,7 +245,9 @@ class VLLMEngine:
         self._sync_lock: asyncio.Lock | None = None
 
     # -- Engine protocol --
-    async def generate(self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None) -> Generation:
+    async def generate(
+        self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None
+    ) -> Generation:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -246,15 +259,18 @@ class VLLMEngine:
         if params.max_tokens == 0:
             return Generation([], [], "length", {"weight_versions": (self.weight_version, self.weight_version)})
         await self._gate().wait()
-        request = VSamplingParams(**sampling_kwargs(params, self.stop_token_ids), output_kind=RequestOutputKind.FINAL_ONLY)
+        request = VSamplingParams(
+            **sampling_kwargs(params, self.stop_token_ids), output_kind=RequestOutputKind.FINAL_ONLY
+        )
         version = self.weight_version
         index = min(range(len(self.llms)), key=self._inflight.__getitem__)
         self._inflight[index] += 1
         self.stats["requests_per_engine"][index] += 1
         try:
             final = None
-            async for output in self.llms[index].generate(TokensPrompt(prompt_token_ids=list(prompt_ids)), request,
-                                                          f"molt-{next(self._ids)}"):
+            async for output in self.llms[index].generate(
+                TokensPrompt(prompt_token_ids=list(prompt_ids)), request, f"molt-{next(self._ids)}"
+            ):
                 final = output  # FINAL_ONLY: one output, when the request is done
         finally:
             self._inflight[index] -= 1
@@ -262,17 +278,24 @@ class VLLMEngine:
             raise RuntimeError("vLLM ended the request without an output (engine shut down or request aborted)")
         completion = final.outputs[0]
         if completion.finish_reason not in ("stop", "length"):
-            raise RuntimeError(f"vLLM finished the request with {completion.finish_reason!r} (aborted or failed), "
-                               f"after {len(completion.token_ids)} tokens")
+            raise RuntimeError(
+                f"vLLM finished the request with {completion.finish_reason!r} (aborted or failed), "
+                f"after {len(completion.token_ids)} tokens"
+            )
         token_ids = list(completion.token_ids)
         self.stats["requests"] += 1
         self.stats["generated_tokens"] += len(token_ids)
-        return Generation(token_ids, sampled_logprobs(completion.logprobs, token_ids), completion.finish_reason,
-                          {"weight_versions": (version, self.weight_version)})
+        return Generation(
+            token_ids,
+            sampled_logprobs(completion.logprobs, token_ids),
+            completion.finish_reason,
+            {"weight_versions": (version, self.weight_version)},
+        )
 
     # -- weight sync --
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Load CUDA tensors of this process (same GPU as the engine) through CUDA IPC; returns bytes moved."""
+
         async def load() -> tuple[int, int]:
             moved = buckets = 0
             for bucket in pack(named_tensors, self.options.bucket_bytes):
@@ -287,6 +310,7 @@ class VLLMEngine:
     async def load_shared_buckets(self, payloads: Sequence[bytes], nbytes: int) -> int:
         """Load buckets another process on this GPU packed and shared (``weight_buckets.share``); the sharer keeps
         them alive until this returns. ``nbytes``: their total payload, for ``last_sync``."""
+
         async def load() -> tuple[int, int]:
             for payload in payloads:
                 await self._rpc("molt_load_ipc_bucket", payload)
@@ -297,12 +321,17 @@ class VLLMEngine:
     async def init_weight_group(self, host: str, port: int, world_size: int) -> list[int]:
         """Join the NCCL group whose rank 0 is the trainer (``NcclWeightSender``, created concurrently): engine i's
         single worker is rank 1 + i, so ``world_size`` = 1 + num_engines."""
-        ranks = await asyncio.gather(*(llm.collective_rpc("molt_init_nccl", args=(host, port, 1 + i, world_size))
-                                       for i, llm in enumerate(self.llms)))
+        ranks = await asyncio.gather(
+            *(
+                llm.collective_rpc("molt_init_nccl", args=(host, port, 1 + i, world_size))
+                for i, llm in enumerate(self.llms)
+            )
+        )
         return [rank for engine in ranks for rank in engine]
 
     async def receive_broadcast(self, plan: Sequence[tuple[bytes, int]]) -> int:
         """Receive the buckets of ``NcclWeightSender.plan`` while the trainer broadcasts them, one RPC each."""
+
         async def load() -> tuple[int, int]:
             for metas, nbytes in plan:
                 await self._rpc("molt_receive_nccl_bucket", metas, nbytes)
@@ -310,8 +339,12 @@ class VLLMEngine:
 
         return await self._exclusive_sync(load)
 
-    async def check_weight_update_equal(self, named_tensors: Iterable[tuple[str, torch.Tensor]] | None = None, *,
-                                        plan: Sequence[tuple[bytes, int]] | None = None) -> list[str]:
+    async def check_weight_update_equal(
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]] | None = None,
+        *,
+        plan: Sequence[tuple[bytes, int]] | None = None,
+    ) -> list[str]:
         """Names of vLLM parameters whose current value differs (bitwise) from the trainer's, as
         ``"stale: <name>"``, or that no trainer tensor reaches, as ``"uncovered: <name>"``, in any of the engines
         (each named once). Empty = in sync.
@@ -337,8 +370,9 @@ class VLLMEngine:
                     torch.cuda.ipc_collect()
             finally:
                 reports = await self._rpc("molt_end_check")
-            found.extend(sorted({f"{kind}: {name}" for r in reports for kind in ("stale", "uncovered")
-                                 for name in r[kind]}))
+            found.extend(
+                sorted({f"{kind}: {name}" for r in reports for kind in ("stale", "uncovered") for name in r[kind]})
+            )
             return 0, 0
 
         saved = dict(self.last_sync)
@@ -403,13 +437,19 @@ class VLLMEngine:
                 if paused:
                     await self.resume()
                 gate.set()
-        self.last_sync = {"wait_s": ready - start, "copy_s": done - ready, "bytes": moved, "buckets": buckets,
-                          "paused": float(paused)}
+        self.last_sync = {
+            "wait_s": ready - start,
+            "copy_s": done - ready,
+            "bytes": moved,
+            "buckets": buckets,
+            "paused": float(paused),
+        }
         return moved
 
 
-def broadcast_plan(named_tensors: Iterable[tuple[str, torch.Tensor]],
-                   bucket_bytes: int = BUCKET_BYTES) -> list[tuple[bytes, int]]:
+def broadcast_plan(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES
+) -> list[tuple[bytes, int]]:
     """Per bucket: (its tensors' metadata as bytes, its size); what ``VLLMEngine.receive_broadcast`` takes."""
     plan = []
     for planned in plan_buckets(named_tensors, bucket_bytes):
@@ -425,8 +465,9 @@ class NcclWeightSender:
     ``send(named_tensors)`` then packs and broadcasts the buckets in the same order, one NCCL call per bucket.
     """
 
-    def __init__(self, host: str, port: int, world_size: int, device: int | None = None,
-                 bucket_bytes: int = BUCKET_BYTES) -> None:
+    def __init__(
+        self, host: str, port: int, world_size: int, device: int | None = None, bucket_bytes: int = BUCKET_BYTES
+    ) -> None:
         try:
             from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
             from vllm.distributed.utils import StatelessProcessGroup
@@ -452,5 +493,13 @@ class NcclWeightSender:
         return sent
 
 
-__all__ = ["VLLM_FLAGS", "NcclWeightSender", "broadcast_plan", "VLLMEngine", "VLLMOptions", "eos_token_ids",
-           "sampled_logprobs", "sampling_kwargs"]
+__all__ = [
+    "VLLM_FLAGS",
+    "NcclWeightSender",
+    "broadcast_plan",
+    "VLLMEngine",
+    "VLLMOptions",
+    "eos_token_ids",
+    "sampled_logprobs",
+    "sampling_kwargs",
+]

@@ -53,8 +53,9 @@ def _aligned(n: int) -> int:
     return (n + ALIGN - 1) // ALIGN * ALIGN
 
 
-def plan_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
-                 bucket_bytes: int = BUCKET_BYTES) -> list[list[tuple[TensorMeta, torch.Tensor]]]:
+def plan_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES
+) -> list[list[tuple[TensorMeta, torch.Tensor]]]:
     """Group tensors, in order, into buckets of at most ``bucket_bytes`` (aligned offsets)."""
     if bucket_bytes < ALIGN:
         raise ValueError(f"bucket_bytes must be at least {ALIGN}, got {bucket_bytes}")
@@ -75,8 +76,11 @@ def plan_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]],
     return buckets
 
 
-def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = BUCKET_BYTES,
-         device: torch.device | str | None = None) -> Iterator[Bucket]:
+def pack(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    bucket_bytes: int = BUCKET_BYTES,
+    device: torch.device | str | None = None,
+) -> Iterator[Bucket]:
     """Yield filled buckets one at a time (at most one bucket of extra memory alive if the caller drops each)."""
     for planned in plan_buckets(named_tensors, bucket_bytes):
         last = planned[-1][0]
@@ -84,7 +88,7 @@ def pack(named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = 
         buffer = torch.empty(last.offset + last.nbytes, dtype=torch.uint8, device=target)
         for meta, tensor in planned:
             flat = tensor.detach().contiguous().view(-1).view(torch.uint8)
-            buffer[meta.offset:meta.offset + meta.nbytes].copy_(flat, non_blocking=True)
+            buffer[meta.offset : meta.offset + meta.nbytes].copy_(flat, non_blocking=True)
         yield Bucket(buffer, [meta for meta, _ in planned])
 
 
@@ -93,10 +97,12 @@ def unpack(buffer: torch.Tensor, metas: Iterable[TensorMeta]) -> list[tuple[str,
     out = []
     for m in metas:
         if m.offset + m.nbytes > buffer.numel():
-            raise ValueError(f"tensor {m.name!r} ends at byte {m.offset + m.nbytes}, past the bucket's "
-                             f"{buffer.numel()} bytes: the metadata does not belong to this bucket")
+            raise ValueError(
+                f"tensor {m.name!r} ends at byte {m.offset + m.nbytes}, past the bucket's "
+                f"{buffer.numel()} bytes: the metadata does not belong to this bucket"
+            )
         dtype = getattr(torch, m.dtype)
-        out.append((m.name, buffer[m.offset:m.offset + m.nbytes].view(dtype).view(m.shape)))
+        out.append((m.name, buffer[m.offset : m.offset + m.nbytes].view(dtype).view(m.shape)))
     return out
 
 
@@ -123,8 +129,10 @@ def open_shared(payload: bytes) -> tuple[torch.Tensor, list[TensorMeta]]:
     device = torch.cuda.current_device()
     here = str(torch.cuda.get_device_properties(device).uuid)
     if uuid != here:
-        raise RuntimeError(f"CUDA IPC bucket comes from GPU {uuid} but this engine worker runs on GPU {here}: "
-                           "colocated sync needs trainer and engine on one GPU; use the NCCL path otherwise")
+        raise RuntimeError(
+            f"CUDA IPC bucket comes from GPU {uuid} but this engine worker runs on GPU {here}: "
+            "colocated sync needs trainer and engine on one GPU; use the NCCL path otherwise"
+        )
     args = list(args)
     args[6] = device  # the device index as this process numbers it
     return rebuild_cuda_tensor(*args), [TensorMeta.from_tuple(m) for m in metas]

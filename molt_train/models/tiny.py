@@ -22,14 +22,14 @@ CHAT_TEMPLATE = (
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
     "{% for tool in tools %}\n{{ tool | tojson }}{% endfor %}\n</tools>\n\n"
     "For each function call, return a json object with function name and arguments within <tool_call></tool_call> "
-    "XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n</tool_call><|im_end|>\n"
+    'XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
     "{% elif messages[0].role == 'system' %}<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n{% endif %}"
     "{% for message in messages %}"
     "{% if message.role == 'system' and loop.first %}"
     "{% elif message.role == 'assistant' %}<|im_start|>assistant\n{{ message.content or '' }}"
     "{% for call in message.tool_calls or [] %}{% set fn = call.function if call.function is defined else call %}"
     "{% if (message.content or '') or not loop.first %}\n{% endif %}<tool_call>\n"
-    "{\"name\": \"{{ fn.name }}\", \"arguments\": {{ fn.arguments if fn.arguments is string else fn.arguments | tojson }}}"
+    '{"name": "{{ fn.name }}", "arguments": {{ fn.arguments if fn.arguments is string else fn.arguments | tojson }}}'
     "\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% elif message.role == 'tool' %}"
     "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
@@ -41,8 +41,12 @@ CHAT_TEMPLATE = (
 )
 
 
-def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, extra_special_tokens: list[str] | None = None,
-                    split_digits: bool = False) -> Any:
+def train_tokenizer(
+    texts: Iterable[str],
+    vocab_size: int = 1024,
+    extra_special_tokens: list[str] | None = None,
+    split_digits: bool = False,
+) -> Any:
     """A byte-level BPE tokenizer trained on ``texts``, wrapped as a transformers fast tokenizer with the template.
 
     ``split_digits`` keeps every digit its own token, which is what lets a tiny model learn arithmetic.
@@ -53,30 +57,53 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, extra_special_
     specials = SPECIAL_TOKENS + list(extra_special_tokens or [])
     tok = Tokenizer(models.BPE())
     byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-                         if split_digits else byte_level)
+    tok.pre_tokenizer = (
+        pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
+        if split_digits
+        else byte_level
+    )
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                   bos_token=None, unk_token=None)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>", bos_token=None, unk_token=None
+    )
     fast.chat_template = CHAT_TEMPLATE
     return fast
 
 
-def build_tiny_model(tokenizer: Any, *, hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4,
-                     num_kv_heads: int = 2, intermediate_size: int = 128, max_positions: int = 1024,
-                     seed: int = 0) -> Any:
+def build_tiny_model(
+    tokenizer: Any,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_positions: int = 1024,
+    seed: int = 0,
+) -> Any:
     """A randomly initialised Qwen2-architecture causal LM (about 140K parameters at the defaults)."""
     import torch
     from transformers import AutoModelForCausalLM, Qwen2Config
 
     config = Qwen2Config(
-        vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_positions, tie_word_embeddings=True,
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=None,
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=None,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)

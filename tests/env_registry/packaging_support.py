@@ -31,16 +31,25 @@ def make_venv(path: Path) -> Path:
     reachable through a .pth, the way ``--system-site-packages`` would give them. Installs land in the new venv."""
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True, timeout=120)
     python = path / "bin" / "python"
-    purelib = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     parent = site.getsitepackages()[0]
     Path(purelib, "molt_parent_env.pth").write_text(f"import site; site.addsitedir({parent!r})\n")
     return python
 
 
 def in_venv(python: Path, code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=120,
-                          env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+    return subprocess.run(
+        [str(python), "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+    )
 
 
 def hatch_build(root: Path, out: Path) -> Release:
@@ -92,8 +101,12 @@ def start_server(root: Path, *extra: str) -> Server:
         port = s.getsockname()[1]
     log = root.with_name(root.name + "-serve.log")
     with log.open("w") as out:
-        process = subprocess.Popen([MOLT_ENV, "serve", "--root", str(root), "--port", str(port), "--mint-token",
-                                    "acme", *extra], stdout=out, stderr=subprocess.STDOUT, text=True)
+        process = subprocess.Popen(
+            [MOLT_ENV, "serve", "--root", str(root), "--port", str(port), "--mint-token", "acme", *extra],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline and process.poll() is None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 MOLT_ENV = str(Path(sys.executable).with_name("molt-env"))
 
-BROKEN = '''
+BROKEN = """
 import env_registry
 from molt_envs import Env, Result
 
@@ -25,7 +25,7 @@ env_registry.register("broken/env-v1", "broken_env_mod:Broken", reward_range=(0.
 
 def rows(split):
     return [{"prompt": "2+2?", "label": "4", "reference": "#### 4"}]
-'''
+"""
 
 
 def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:

@@ -63,11 +63,27 @@ def make_package(root: Path, dist: str, pkg: str, env_id: str, version: str) -> 
 def site(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("fixture_pkgs")
     target = root / "site"
-    for dist, pkg, env_id in [("fixture-alpha", "fixture_alpha", "fix/alpha-v1"),
-                              ("fixture-beta", "fixture_beta", "fix/beta-v2")]:
+    for dist, pkg, env_id in [
+        ("fixture-alpha", "fixture_alpha", "fix/alpha-v1"),
+        ("fixture-beta", "fixture_beta", "fix/beta-v2"),
+    ]:
         src = make_package(root, dist, pkg, env_id, "1.2.0")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-build-isolation",
-                        "--target", str(target), str(src)], check=True, capture_output=True)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-build-isolation",
+                "--target",
+                str(target),
+                str(src),
+            ],
+            check=True,
+            capture_output=True,
+        )
     return target
 
 
@@ -79,14 +95,17 @@ def run_in_fresh_interpreter(site: Path, code: str) -> dict:
 
 
 def test_listing_reads_metadata_only(site):
-    result = run_in_fresh_interpreter(site, """
+    result = run_in_fresh_interpreter(
+        site,
+        """
         import json, sys, env_registry
         ids = sorted(env_registry.registry)
         spec = env_registry.spec("fix/alpha-v1")
         print(json.dumps({"ids": ids, "imported": sorted(m for m in sys.modules if m.startswith("fixture_")),
                           "package": spec.package, "version": spec.package_version, "max_turns": spec.max_turns,
                           "description": spec.description, "range": spec.reward_range}))
-    """)
+    """,
+    )
     assert {"fix/alpha-v1", "fix/beta-v2", "molt/gsm8k-v1"} <= set(result["ids"])
     assert result["imported"] == []  # nothing imported to list or describe
     assert (result["package"], result["version"], result["max_turns"]) == ("fixture-alpha", "1.2.0", 2)
@@ -94,14 +113,17 @@ def test_listing_reads_metadata_only(site):
 
 
 def test_make_imports_only_that_env(site):
-    result = run_in_fresh_interpreter(site, """
+    result = run_in_fresh_interpreter(
+        site,
+        """
         import asyncio, json, sys, env_registry
         env = env_registry.make("fix/alpha-v1", bonus=0.5)
         r = asyncio.run(env.step({"action_text": "", "observation_text": "", "label": None}))
         rows = env_registry.load_split(env.spec, "train")
         print(json.dumps({"reward": r.reward, "imported": sorted(m for m in sys.modules if m.startswith("fixture_")),
                           "rows": len(rows), "first": rows[0]["prompt"], "pinned": env_registry.spec("fix/beta-v2@1.2.0").id}))
-    """)
+    """,
+    )
     assert result["reward"] == 1.5
     assert result["imported"] == ["fixture_alpha", "fixture_alpha.env"]  # beta was never imported
     assert result["rows"] == 2 and result["first"] == [{"role": "user", "content": "hi"}]
@@ -110,8 +132,9 @@ def test_make_imports_only_that_env(site):
 
 def test_check_cli_on_an_installed_package(site):
     env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "env_registry.cli", "check", "fix/alpha-v1"], capture_output=True,
-                         text=True, env=env)
+    out = subprocess.run(
+        [sys.executable, "-m", "env_registry.cli", "check", "fix/alpha-v1"], capture_output=True, text=True, env=env
+    )
     assert out.returncode == 0, out.stdout
     assert "conformance report for fix/alpha-v1 (fixture-alpha 1.2.0)" in out.stdout
     assert "PASS  row 1: garbage action: reward=1.0" in out.stdout

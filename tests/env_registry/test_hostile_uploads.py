@@ -31,8 +31,12 @@ def test_sdist_header_claiming_gigabytes_is_refused_before_it_is_read(tmp_path, 
 def test_direct_reference_dependencies_are_refused(tmp_path, echo):
     """pip would fetch (and build) a `name @ URL` dependency at install time, from anywhere."""
     good = echo.releases["1.0.0"]
-    evil = rewrite_wheel(good.wheel, tmp_path / good.wheel.name, ".dist-info/METADATA",
-                         lambda text: text.replace("\n\n", "\nRequires-Dist: helper @ https://example.com/h.tar.gz\n\n", 1))
+    evil = rewrite_wheel(
+        good.wheel,
+        tmp_path / good.wheel.name,
+        ".dist-info/METADATA",
+        lambda text: text.replace("\n\n", "\nRequires-Dist: helper @ https://example.com/h.tar.gz\n\n", 1),
+    )
     with pytest.raises(InvalidArtifact, match="direct reference"):
         inspect_release(evil, good.sdist)
 

@@ -92,14 +92,19 @@ def test_the_hash_ignores_archive_timestamps_and_order(echo, tmp_path):
     assert content_hash(repacked) == echo.releases["1.0.0"].content_hash
 
 
-@pytest.mark.parametrize(("edit", "expected"), [
-    (('reward_range = [0.0, 1.0]', 'reward_range = [1.0, 0.0]'), ["field 'reward_range'", "[1.0, 0.0]"]),
-    (('id = "acme/bad-v1"', 'id = "acme/../bad-v1"'), ["field 'id'", "'acme/../bad-v1'"]),
-    (('version = "0.1.0"', 'version = "not-a-version"'), ["'not-a-version'", "PEP 440"]),
-    (('name = "acme-bad"', 'name = "acme/../bad"'), ["package name", "'acme/../bad'"]),
-    (('"acme/bad-v1" = "acme_bad.env:BadEnv"', '"acme/other-v1" = "acme_bad.env:BadEnv"'),
-     ["'acme/bad-v1'", "add \"acme/bad-v1\" = \"acme_bad.env:BadEnv\""]),
-])
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (("reward_range = [0.0, 1.0]", "reward_range = [1.0, 0.0]"), ["field 'reward_range'", "[1.0, 0.0]"]),
+        (('id = "acme/bad-v1"', 'id = "acme/../bad-v1"'), ["field 'id'", "'acme/../bad-v1'"]),
+        (('version = "0.1.0"', 'version = "not-a-version"'), ["'not-a-version'", "PEP 440"]),
+        (('name = "acme-bad"', 'name = "acme/../bad"'), ["package name", "'acme/../bad'"]),
+        (
+            ('"acme/bad-v1" = "acme_bad.env:BadEnv"', '"acme/other-v1" = "acme_bad.env:BadEnv"'),
+            ["'acme/bad-v1'", 'add "acme/bad-v1" = "acme_bad.env:BadEnv"'],
+        ),
+    ],
+)
 def test_manifest_validation_at_build_names_field_and_value(tmp_path, edit, expected):
     src = tmp_path / "bad"
     assert run_cli("init", str(src), "--id", "acme/bad-v1").returncode == 0
@@ -157,8 +162,18 @@ def test_package_names_reject_traversal_and_odd_characters(bad):
         names.package_name(bad)
 
 
-@pytest.mark.parametrize("bad", ["../x-1.0-py3-none-any.whl", "..", "x-1.0.zip", "x-1.0+local.tar.gz",
-                                 ".hidden-1.0.tar.gz", "a\\b-1.0.tar.gz", "x-notaversion.tar.gz"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "../x-1.0-py3-none-any.whl",
+        "..",
+        "x-1.0.zip",
+        "x-1.0+local.tar.gz",
+        ".hidden-1.0.tar.gz",
+        "a\\b-1.0.tar.gz",
+        "x-notaversion.tar.gz",
+    ],
+)
 def test_file_names_reject_traversal_and_odd_forms(bad):
     with pytest.raises(names.InvalidName):
         names.distribution_file(bad)

@@ -40,7 +40,11 @@ def test_publish_rules_yank_and_resolution(echo, tmp_path):
     assert package.latest == "1.0.1" and package.env_ids == ["acme/echo-v1"]
     [index] = registry.env_ids()
     assert (index.env_id, index.package, index.versions, index.latest) == (
-        "acme/echo-v1", "acme-echo", ["1.0.0", "1.0.1", "1.0.2", "1.0.3"], "1.0.1")
+        "acme/echo-v1",
+        "acme-echo",
+        ["1.0.0", "1.0.1", "1.0.2", "1.0.3"],
+        "1.0.1",
+    )
     assert [p.name for p in registry.search("ECHO")] == ["acme-echo"]  # name, env ID, description and tags
     assert [p.name for p in registry.search("single-turn")] == ["acme-echo"]
     assert registry.search("nothing-like-this") == []
@@ -126,8 +130,11 @@ def test_cli_publish_search_yank_install_from_a_directory(echo, tmp_path, new_ve
     installed = run_cli("install", "acme/echo-v1", "--registry", reg, "--python", str(python))
     assert installed.returncode == 0, installed.stderr
     assert "installed acme-echo 1.0.3" in installed.stdout and "verified" in installed.stdout
-    made = in_venv(python, "import env_registry as e; env = e.make('acme/echo-v1'); "
-                           "print(env.spec.package, env.spec.package_version, type(env).__name__)")
+    made = in_venv(
+        python,
+        "import env_registry as e; env = e.make('acme/echo-v1'); "
+        "print(env.spec.package, env.spec.package_version, type(env).__name__)",
+    )
     assert made.stdout.split() == ["acme-echo", "1.0.3", "EchoEnv"], made.stderr
     yanked = run_cli("yank", "acme/echo-v1@1.0.3", "--registry", reg, "--reason", "wrong grader")
     assert yanked.returncode == 0 and "yanked acme-echo 1.0.3: wrong grader" in yanked.stdout

@@ -33,8 +33,9 @@ def test_publish_install_make_yank_through_the_server(server, echo, new_venv):
     client = RegistryClient(server.url, server.token)
     for version in ("1.0.0", "1.0.1"):
         ensure_published(server, echo.releases[version])
-    out = run_cli("publish", str(echo.src), "--registry", server.url, "--token", server.token,
-                  "--allow-same-content")  # the tree is at 1.0.3, whose content nobody published here yet
+    out = run_cli(
+        "publish", str(echo.src), "--registry", server.url, "--token", server.token, "--allow-same-content"
+    )  # the tree is at 1.0.3, whose content nobody published here yet
     assert out.returncode == 0, out.stderr
     with pytest.raises(Conflict, match="same content"):
         client.publish(echo.releases["1.0.2"])  # 1.0.2 has the content of 1.0.3
@@ -47,16 +48,19 @@ def test_publish_install_make_yank_through_the_server(server, echo, new_venv):
     out = run_cli("install", "acme/echo-v1", "--registry", server.url, "--python", str(python))
     assert out.returncode == 0, out.stderr
     assert "installed acme-echo 1.0.3" in out.stdout
-    code = ("import env_registry as e; env = e.make('acme/echo-v1'); print(env.spec.package_version); "
-            "print(e.make('acme/echo-v1@1.0.3').spec.hash)\n"
-            "try:\n    e.make('acme/echo-v1@1.0.1')\nexcept e.PackageVersionMismatch as exc:\n    print('mismatch', exc)")
+    code = (
+        "import env_registry as e; env = e.make('acme/echo-v1'); print(env.spec.package_version); "
+        "print(e.make('acme/echo-v1@1.0.3').spec.hash)\n"
+        "try:\n    e.make('acme/echo-v1@1.0.1')\nexcept e.PackageVersionMismatch as exc:\n    print('mismatch', exc)"
+    )
     made = in_venv(python, code)
     assert made.returncode == 0, made.stderr
     lines = made.stdout.splitlines()
     assert lines[0] == "1.0.3" and "mismatch" in lines[2] and "molt-env install acme/echo-v1@1.0.1" in lines[2]
 
-    out = run_cli("yank", "acme/echo-v1@1.0.3", "--registry", server.url, "--token", server.token,
-                  "--reason", "wrong grader")
+    out = run_cli(
+        "yank", "acme/echo-v1@1.0.3", "--registry", server.url, "--token", server.token, "--reason", "wrong grader"
+    )
     assert out.returncode == 0, out.stderr
     page = httpx.get(f"{server.url}/simple/acme-echo/").text
     assert re.search(r'acme_echo-1\.0\.3-py3-none-any\.whl#sha256=[0-9a-f]{64}"[^>]*data-yanked="wrong grader"', page)
@@ -65,8 +69,12 @@ def test_publish_install_make_yank_through_the_server(server, echo, new_venv):
     assert out.returncode == 0, out.stderr
     out = run_cli("install", "acme/echo-v1@1.0.3", "--registry", server.url, "--python", str(python))
     assert out.returncode == 0 and "is yanked: wrong grader" in out.stderr  # an exact pin still installs it
-    assert in_venv(python, "import env_registry as e; print(e.make('acme/echo-v1@1.0.3').spec.package_version)"
-                   ).stdout.strip() == "1.0.3"
+    assert (
+        in_venv(
+            python, "import env_registry as e; print(e.make('acme/echo-v1@1.0.3').spec.package_version)"
+        ).stdout.strip()
+        == "1.0.3"
+    )
     # installed into the new venv only, not into the interpreter running the tests
     assert subprocess.run([sys.executable, "-c", "import acme_echo"], capture_output=True).returncode != 0
 
@@ -75,23 +83,32 @@ def test_plain_pip_installs_from_the_simple_index(server, letter_count, new_venv
     RegistryClient(server.url, server.token).publish(letter_count)
     page = httpx.get(f"{server.url}/simple/acme-letter-count/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    wheel_sha = next(f.sha256 for f in RegistryClient(server.url).resolve("acme/letter-count-v1").files
-                     if f.kind == "wheel")
+    wheel_sha = next(
+        f.sha256 for f in RegistryClient(server.url).resolve("acme/letter-count-v1").files if f.kind == "wheel"
+    )
     assert f"#sha256={wheel_sha}" in page.text and 'data-requires-python="&gt;=3.11"' in page.text
     assert httpx.get(f"{server.url}/simple/Acme_Letter.Count/", follow_redirects=False).status_code == 301
     python = new_venv()
-    pip = in_venv(python, "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-m', 'pip', 'install', "
-                          f"'--disable-pip-version-check', '--index-url', '{server.url}/simple/', 'acme-letter-count']))")
+    pip = in_venv(
+        python,
+        "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-m', 'pip', 'install', "
+        f"'--disable-pip-version-check', '--index-url', '{server.url}/simple/', 'acme-letter-count']))",
+    )
     assert pip.returncode == 0, pip.stdout + pip.stderr
-    made = in_venv(python, "import env_registry as e; env = e.make('acme/letter-count-v1'); "
-                           "print(env.spec.package, env.spec.package_version, env.spec.datasets['test'].path)")
+    made = in_venv(
+        python,
+        "import env_registry as e; env = e.make('acme/letter-count-v1'); "
+        "print(env.spec.package, env.spec.package_version, env.spec.datasets['test'].path)",
+    )
     assert made.stdout.split() == ["acme-letter-count", "1.0.0", "data/test.jsonl"], made.stderr
 
 
 def test_the_package_scoped_index_serves_only_its_package(server, echo):
     ensure_published(server, echo.releases["1.0.0"])
     scoped = httpx.get(f"{server.url}/p/acme-echo/simple/")
-    assert scoped.status_code == 200 and scoped.text.count("<a ") == 1 and "/p/acme-echo/simple/acme-echo/" in scoped.text
+    assert (
+        scoped.status_code == 200 and scoped.text.count("<a ") == 1 and "/p/acme-echo/simple/acme-echo/" in scoped.text
+    )
     assert "acme_echo-1.0.0-py3-none-any.whl#sha256=" in httpx.get(f"{server.url}/p/acme-echo/simple/acme-echo/").text
     # a dependency name asked of this index is never answered here: pip falls through to its other index
     for other in ("numpy", "acme-letter-count", "requests"):
@@ -103,14 +120,21 @@ def test_a_tampered_file_is_refused(server, tmp_path, new_venv):
     release = hatch_build(src, tmp_path / "dist")
     RegistryClient(server.url, server.token).publish(release)
     stored = server.root / "files" / "acme-tamper" / release.wheel.name
-    evil = rewrite_wheel(stored, tmp_path / release.wheel.name, "acme_tamper/env.py",
-                         lambda text: text + "\nimport os  # injected after publishing\n")
+    evil = rewrite_wheel(
+        stored,
+        tmp_path / release.wheel.name,
+        "acme_tamper/env.py",
+        lambda text: text + "\nimport os  # injected after publishing\n",
+    )
     shutil.copyfile(evil, stored)
     python = new_venv()
     out = run_cli("install", "acme/tamper-v1", "--registry", server.url, "--python", str(python))
     assert out.returncode == 2 and "refusing to install it" in out.stderr and "sha256" in out.stderr
-    pip = in_venv(python, "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-m', 'pip', 'install', "
-                          f"'--disable-pip-version-check', '--index-url', '{server.url}/simple/', 'acme-tamper']))")
+    pip = in_venv(
+        python,
+        "import subprocess, sys; sys.exit(subprocess.call([sys.executable, '-m', 'pip', 'install', "
+        f"'--disable-pip-version-check', '--index-url', '{server.url}/simple/', 'acme-tamper']))",
+    )
     assert pip.returncode != 0 and "HASH" in (pip.stdout + pip.stderr).upper()
     assert in_venv(python, "import acme_tamper").returncode != 0
 
@@ -147,19 +171,36 @@ def test_tokens_missing_invalid_revoked_and_foreign(server, echo, tmp_path):
     assert "molt_" not in (server.root / "registry.db").read_bytes().decode("latin-1")  # only digests are stored
 
 
-@pytest.mark.parametrize("path", [
-    "/api/packages/%2E%2E", "/api/packages/acme%3Becho", "/api/packages/a%20b/1.0",
-    "/files/%2E%2E/registry.db", "/files/acme-echo/%2E%2E", "/files/acme-echo/.registry.db",
-    "/simple/%2E%2E/", "/p/%2E%2E/simple/", "/api/resolve?env_id=../../etc", "/api/resolve?env_id=acme/echo-v1@1.0%2Bevil",
-])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/packages/%2E%2E",
+        "/api/packages/acme%3Becho",
+        "/api/packages/a%20b/1.0",
+        "/files/%2E%2E/registry.db",
+        "/files/acme-echo/%2E%2E",
+        "/files/acme-echo/.registry.db",
+        "/simple/%2E%2E/",
+        "/p/%2E%2E/simple/",
+        "/api/resolve?env_id=../../etc",
+        "/api/resolve?env_id=acme/echo-v1@1.0%2Bevil",
+    ],
+)
 def test_traversal_and_odd_names_are_400(server, path):
     response = httpx.get(server.url + path)
     assert response.status_code == 400, (path, response.status_code, response.text)
     assert re.search(r"invalid|not a valid|refuse", response.json()["detail"]), response.text
 
 
-@pytest.mark.parametrize("path", ["/api/packages/acme-echo/..%2F..", "/files/acme-echo/..%2F..%2Fregistry.db",
-                                  "/files/acme-echo/..%2Fregistry.db", "/simple/..%2F..%2F/"])
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/api/packages/acme-echo/..%2F..",
+        "/files/acme-echo/..%2F..%2Fregistry.db",
+        "/files/acme-echo/..%2Fregistry.db",
+        "/simple/..%2F..%2F/",
+    ],
+)
 def test_encoded_slashes_never_reach_a_file(server, path):
     response = httpx.get(server.url + path)
     assert response.status_code in (400, 404), (path, response.status_code)
@@ -176,13 +217,21 @@ def test_uploads_with_bad_names_or_manifests_are_400(server, echo, tmp_path):
 
     traversal = upload("../../acme_echo-1.0.0-py3-none-any.whl", good.wheel.read_bytes())
     assert traversal.status_code == 400 and "file name" in traversal.json()["detail"]
-    evil_manifest = rewrite_wheel(good.wheel, tmp_path / good.wheel.name, "extra_metadata/molt/pyproject.toml",
-                                  lambda text: text.replace('id = "acme/echo-v1"', 'id = "../../evil-v1"'))
+    evil_manifest = rewrite_wheel(
+        good.wheel,
+        tmp_path / good.wheel.name,
+        "extra_metadata/molt/pyproject.toml",
+        lambda text: text.replace('id = "acme/echo-v1"', 'id = "../../evil-v1"'),
+    )
     bad = upload(good.wheel.name, evil_manifest.read_bytes())
     assert bad.status_code == 400 and "field 'id'" in bad.json()["detail"] and "../../evil-v1" in bad.json()["detail"]
     (tmp_path / "r").mkdir()
-    bad_range = rewrite_wheel(good.wheel, tmp_path / "r" / good.wheel.name, "extra_metadata/molt/pyproject.toml",
-                              lambda text: text.replace("reward_range = [0.0, 1.0]", "reward_range = [2.0, 1.0]"))
+    bad_range = rewrite_wheel(
+        good.wheel,
+        tmp_path / "r" / good.wheel.name,
+        "extra_metadata/molt/pyproject.toml",
+        lambda text: text.replace("reward_range = [0.0, 1.0]", "reward_range = [2.0, 1.0]"),
+    )
     bad = upload(good.wheel.name, bad_range.read_bytes())
     assert bad.status_code == 400 and "field 'reward_range'" in bad.json()["detail"]
     assert upload(good.wheel.name, b"not a zip").status_code == 400
@@ -256,17 +305,42 @@ def test_twenty_concurrent_publishes_leave_a_consistent_index(server, tmp_path):
         assert RegistryClient(server.url).resolve(f"conc/pkg{i}-v1").package == f"conc-pkg{i}"
     env_index = {e["env_id"]: e for e in httpx.get(f"{server.url}/api/envs").json() if e["env_id"].startswith("conc/")}
     assert len(env_index) == 17 and env_index["conc/race-v1"] == {
-        "env_id": "conc/race-v1", "package": "conc-race", "versions": ["0.1.0"], "latest": "0.1.0"}
+        "env_id": "conc/race-v1",
+        "package": "conc-race",
+        "versions": ["0.1.0"],
+        "latest": "0.1.0",
+    }
     assert sorted(p.name for p in (server.root / "files" / "conc-race").iterdir()) == [
-        "conc_race-0.1.0-py3-none-any.whl", "conc_race-0.1.0.tar.gz"]
+        "conc_race-0.1.0-py3-none-any.whl",
+        "conc_race-0.1.0.tar.gz",
+    ]
     assert not list((server.root / "staging").iterdir())
 
 
 def test_openapi_fuzz_finds_no_server_errors(server, tmp_path):
     out = subprocess.run(
-        [SCHEMATHESIS, "run", f"{server.url}/openapi.json", "--checks", "not_a_server_error", "--max-examples", "12",
-         "--header", f"Authorization: Bearer {server.token}", "--generation-database", "none", "--seed", "7",
-         "--no-color", "--request-timeout", "20"],
-        capture_output=True, text=True, timeout=170, cwd=tmp_path)
+        [
+            SCHEMATHESIS,
+            "run",
+            f"{server.url}/openapi.json",
+            "--checks",
+            "not_a_server_error",
+            "--max-examples",
+            "12",
+            "--header",
+            f"Authorization: Bearer {server.token}",
+            "--generation-database",
+            "none",
+            "--seed",
+            "7",
+            "--no-color",
+            "--request-timeout",
+            "20",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=170,
+        cwd=tmp_path,
+    )
     assert out.returncode == 0, out.stdout[-6000:] + out.stderr[-2000:]
     assert "passed" in out.stdout.lower()

@@ -49,13 +49,16 @@ def test_good_manifest_parses():
     assert manifest.id == "acme/echo-v1" and manifest.datasets["train"].path == "data/train.jsonl"
 
 
-@pytest.mark.parametrize(("old", "new", "field", "shown"), [
-    ('id = "acme/echo-v1"', 'id = "acme//echo"', "id", "'acme//echo'"),
-    ('entry_point = "acme_echo.env:EchoEnv"', 'entry_point = "acme echo"', "entry_point", "'acme echo'"),
-    ("reward_range = [0, 1]", "reward_range = [2, 1]", "reward_range", "[2, 1]"),
-    ('path = "data/train.jsonl"', 'path = "../../etc/passwd"', "datasets.train", "../../etc/passwd"),
-    ("reward_range = [0, 1]", 'reward_range = [0, 1]\ncolour = "red"', "colour", "'red'"),
-])
+@pytest.mark.parametrize(
+    ("old", "new", "field", "shown"),
+    [
+        ('id = "acme/echo-v1"', 'id = "acme//echo"', "id", "'acme//echo'"),
+        ('entry_point = "acme_echo.env:EchoEnv"', 'entry_point = "acme echo"', "entry_point", "'acme echo'"),
+        ("reward_range = [0, 1]", "reward_range = [2, 1]", "reward_range", "[2, 1]"),
+        ('path = "data/train.jsonl"', 'path = "../../etc/passwd"', "datasets.train", "../../etc/passwd"),
+        ("reward_range = [0, 1]", 'reward_range = [0, 1]\ncolour = "red"', "colour", "'red'"),
+    ],
+)
 def test_bad_manifest_names_field_and_value(old, new, field, shown):
     with pytest.raises(ManifestError) as info:
         manifests_from_pyproject(GOOD.replace(old, new), "pyproject.toml")

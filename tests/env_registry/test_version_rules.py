@@ -33,21 +33,26 @@ def reg() -> Registry:
     return reg
 
 
-@pytest.mark.parametrize(("text", "parts"), [
-    ("acme/echo-v1", ("acme", "echo", 1, None)),
-    ("echo", (None, "echo", None, None)),
-    ("acme/echo", ("acme", "echo", None, None)),
-    ("acme/echo-v12@1.4.2", ("acme", "echo", 12, "1.4.2")),
-    ("a-b/c.d-e-v0", ("a-b", "c.d-e", 0, None)),
-])
+@pytest.mark.parametrize(
+    ("text", "parts"),
+    [
+        ("acme/echo-v1", ("acme", "echo", 1, None)),
+        ("echo", (None, "echo", None, None)),
+        ("acme/echo", ("acme", "echo", None, None)),
+        ("acme/echo-v12@1.4.2", ("acme", "echo", 12, "1.4.2")),
+        ("a-b/c.d-e-v0", ("a-b", "c.d-e", 0, None)),
+    ],
+)
 def test_parse(text, parts):
     parsed = parse_env_id(text)
     assert (parsed.namespace, parsed.name, parsed.version, parsed.pin) == parts
     assert str(parsed) == text
 
 
-@pytest.mark.parametrize("bad", ["", "../etc/passwd-v1", "acme//echo", "a/b/c", "echo v1", "x" * 200, "ac me/x",
-                                 "/echo", "echo@", "echo@../1"])
+@pytest.mark.parametrize(
+    "bad",
+    ["", "../etc/passwd-v1", "acme//echo", "a/b/c", "echo v1", "x" * 200, "ac me/x", "/echo", "echo@", "echo@../1"],
+)
 def test_invalid_ids_name_the_value(bad):
     with pytest.raises(InvalidEnvId, match="not a valid env ID"):
         parse_env_id(bad)
@@ -141,7 +146,8 @@ def test_make_gives_fresh_instances_with_kwargs_overlay_and_stamped_spec():
 
 def test_module_prefix_form_imports_the_registering_module(tmp_path, monkeypatch):
     (tmp_path / "my_registering_mod.py").write_text(
-        "import env_registry\nenv_registry.register('local/thing-v1', 'molt_envs.envs.arith:ArithEnv')\n")
+        "import env_registry\nenv_registry.register('local/thing-v1', 'molt_envs.envs.arith:ArithEnv')\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     env = env_registry.make("my_registering_mod:local/thing-v1")
     assert type(env).__name__ == "ArithEnv" and env.spec.id == "local/thing-v1"

@@ -26,8 +26,9 @@ class ScriptedEngine:
     end-of-sequence token (so the reply ends with a stop), cut at ``max_tokens``. Log-probs are distinct per token.
     """
 
-    def __init__(self, tokenizer, script: Callable[[int, list[int]], str] | list[str], *, stop: bool = True,
-                 fail_first: int = 0):
+    def __init__(
+        self, tokenizer, script: Callable[[int, list[int]], str] | list[str], *, stop: bool = True, fail_first: int = 0
+    ):
         self.tokenizer, self.script, self.stop, self.calls, self.fail_first = tokenizer, script, stop, [], fail_first
 
     async def generate(self, prompt_ids, params: SamplingParams, images=None) -> Generation:
@@ -36,8 +37,10 @@ class ScriptedEngine:
             raise RuntimeError("scripted engine failure")
         n = len(self.calls)
         text = self.script(n, prompt_ids) if callable(self.script) else self.script[n % len(self.script)]
-        ids = self.tokenizer.encode(text, add_special_tokens=False) + ([self.tokenizer.eos_token_id] if self.stop else [])
-        ids = ids[:params.max_tokens]
+        ids = self.tokenizer.encode(text, add_special_tokens=False) + (
+            [self.tokenizer.eos_token_id] if self.stop else []
+        )
+        ids = ids[: params.max_tokens]
         finish = "stop" if self.stop and ids and ids[-1] == self.tokenizer.eos_token_id else "length"
         gen = Generation(ids, [-0.01 * (n + 1) - 0.001 * i for i in range(len(ids))], finish)
         self.calls.append((list(prompt_ids), params, gen))
@@ -52,8 +55,16 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-CALC_TOOL = {"type": "function", "function": {"name": "calc", "description": "evaluate arithmetic",
-                                              "parameters": {"type": "object", "properties": {"expr": {"type": "string"}},
-                                                             "required": ["expr"]}}}
-ANTHROPIC_CALC_TOOL = {"name": "calc", "description": "evaluate arithmetic",
-                       "input_schema": CALC_TOOL["function"]["parameters"]}
+CALC_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "calc",
+        "description": "evaluate arithmetic",
+        "parameters": {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+    },
+}
+ANTHROPIC_CALC_TOOL = {
+    "name": "calc",
+    "description": "evaluate arithmetic",
+    "input_schema": CALC_TOOL["function"]["parameters"],
+}

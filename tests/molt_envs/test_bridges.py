@@ -108,8 +108,7 @@ async def test_gymnasium_episode_through_the_runner(tiny_tokenizer):
     env.reset(seed=7)
     secret = env.secret
     wrong = (secret + 5) % 10
-    factory = functools.partial(GymnasiumEnv, "molt-test/GuessNumber-v0", seed=7,
-                                action_parser=f"{__name__}:digit")
+    factory = functools.partial(GymnasiumEnv, "molt-test/GuessNumber-v0", seed=7, action_parser=f"{__name__}:digit")
     engine = ScriptedEngine(tiny_tokenizer, [str(wrong), str(secret)])
     traj = await StepEnvRunner(factory).execute("", None, SamplingParams(max_tokens=4), 512, tiny_tokenizer, engine)
     assert traj.ok, traj.failure

@@ -14,8 +14,13 @@ from molt_envs.envs.chat_gsm8k import ChatGSM8KAgent, ChatGSM8KAnthropicAgent
 from molt_envs.replay_model import ByteChatTokenizer
 from molt_envs.sessions import ChatTemplate
 
-ROWS = [{"prompt": [{"role": "user", "content": "Tom has 3 apples and buys 4. How many?"}],
-         "label": "3 + 4 = 7\n#### 7", "reference": "He has 3 + 4 = 7 apples.\n#### 7"}]
+ROWS = [
+    {
+        "prompt": [{"role": "user", "content": "Tom has 3 apples and buys 4. How many?"}],
+        "label": "3 + 4 = 7\n#### 7",
+        "reference": "He has 3 + 4 = 7 apples.\n#### 7",
+    }
+]
 
 
 def test_byte_tokenizer_round_trips_and_supports_token_exact_continuation():
@@ -60,7 +65,8 @@ def test_rewards_outside_the_range_fail():
 
 @pytest.mark.parametrize("env_id", ["molt/chat-gsm8k-v1", "molt/chat-gsm8k-anthropic-v1", "molt/chat-python-tool-v1"])
 def test_registered_chat_agents_pass_molt_env_check(env_id):
-    out = subprocess.run([sys.executable, "-m", "env_registry.cli", "check", env_id], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "env_registry.cli", "check", env_id], capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "0 failed" in out.stdout and "reference completion (through the session server)" in out.stdout

@@ -10,11 +10,14 @@ from molt_envs import ChatAgentRunner, SamplingParams
 from molt_envs.chat_runner import close_session_servers
 from molt_envs.envs.chat_python_tool import ChatPythonToolAgent
 
-needs_sandbox = pytest.mark.skipif(sandboxes.probe().auto is None,
-                                   reason="no sandbox provider works on this host (see sandboxes.probe())")
+needs_sandbox = pytest.mark.skipif(
+    sandboxes.probe().auto is None, reason="no sandbox provider works on this host (see sandboxes.probe())"
+)
 
-TWO_CALLS = ('<tool_call>\n{"name": "python_executor", "arguments": {"code": "print(123 * 456 - 7)"}}\n</tool_call>'
-             '<tool_call>\n{"name": "python_executor", "arguments": {"code": "print(2 ** 10)"}}\n</tool_call>')
+TWO_CALLS = (
+    '<tool_call>\n{"name": "python_executor", "arguments": {"code": "print(123 * 456 - 7)"}}\n</tool_call>'
+    '<tool_call>\n{"name": "python_executor", "arguments": {"code": "print(2 ** 10)"}}\n</tool_call>'
+)
 
 
 @needs_sandbox
@@ -29,8 +32,9 @@ async def test_parallel_tool_calls_run_in_the_sandbox_and_the_answer_is_graded(t
     engine = ScriptedEngine(tiny_tokenizer, model)
     runner = ChatAgentRunner(ChatPythonToolAgent, env_id="molt/chat-python-tool-v1")
     try:
-        [segment] = await runner.execute("What is 123 * 456 - 7?", "56081", SamplingParams(max_tokens=256), 2048,
-                                         tiny_tokenizer, engine)
+        [segment] = await runner.execute(
+            "What is 123 * 456 - 7?", "56081", SamplingParams(max_tokens=256), 2048, tiny_tokenizer, engine
+        )
     finally:
         await close_session_servers()
     assert segment.failure is None

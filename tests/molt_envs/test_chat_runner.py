@@ -27,13 +27,20 @@ async def stop_servers():
 def rows():
     with GSM8K_TEST.open() as f:
         raw = [json.loads(next(f)) for _ in range(8)]
-    return [{"prompt": [{"role": "user", "content": r["question"] + "\nPut the answer in \\boxed{}."}],
-             "label": r["answer"], "answer": r["answer"].rpartition("####")[2].strip()} for r in raw]
+    return [
+        {
+            "prompt": [{"role": "user", "content": r["question"] + "\nPut the answer in \\boxed{}."}],
+            "label": r["answer"],
+            "answer": r["answer"].rpartition("####")[2].strip(),
+        }
+        for r in raw
+    ]
 
 
 def run(runner, row, tokenizer, engine, params=None, max_length=1024):
-    return runner.execute(row["prompt"], row["label"], params or SamplingParams(max_tokens=64), max_length,
-                          tokenizer, engine)
+    return runner.execute(
+        row["prompt"], row["label"], params or SamplingParams(max_tokens=64), max_length, tokenizer, engine
+    )
 
 
 @pytest.mark.parametrize("agent", [ChatGSM8KAgent, ChatGSM8KAnthropicAgent])
@@ -46,8 +53,8 @@ async def test_gsm8k_chat_agents_are_graded_and_stamped(agent, rows, tiny_tokeni
     assert segment.reward == 1.0 and segment.score == 1.0
     assert segment.info == {"math_exact": 1.0, "missing_answer": 0.0}
     assert (segment.env_id, segment.spec_hash, segment.label) == ("molt/chat-gsm8k-v1", "abc123", row["label"])
-    assert segment.token_ids[:segment.prompt_len] == encode(tiny_tokenizer, render(tiny_tokenizer, row["prompt"]))
-    assert segment.token_ids[segment.prompt_len:] == engine.calls[0][2].token_ids
+    assert segment.token_ids[: segment.prompt_len] == encode(tiny_tokenizer, render(tiny_tokenizer, row["prompt"]))
+    assert segment.token_ids[segment.prompt_len :] == engine.calls[0][2].token_ids
     server = await shared_session_server(engine, tiny_tokenizer)
     assert server.sessions == {}  # the session was discarded
 
@@ -62,10 +69,10 @@ async def test_real_model_rollouts_in_parallel_share_one_server(rows, tiny_engin
     assert server is await shared_session_server(engine, tiny_tokenizer) and server.sessions == {}
     generated = {tuple(prompt): gen for prompt, _, gen in engine.calls}
     for [segment] in results:
-        gen = generated[tuple(segment.token_ids[:segment.prompt_len])]
+        gen = generated[tuple(segment.token_ids[: segment.prompt_len])]
         assert segment.failure is None and segment.reward == 0.0  # a random model does not solve GSM8K
-        assert segment.token_ids[segment.prompt_len:] == gen.token_ids
-        assert segment.log_probs[segment.prompt_len:] == gen.log_probs
+        assert segment.token_ids[segment.prompt_len :] == gen.token_ids
+        assert segment.log_probs[segment.prompt_len :] == gen.log_probs
         assert segment.finish_reasons == [gen.finish_reason]
     assert len({s.rollout_id for [s] in results}) == len(rows)
 
@@ -112,12 +119,15 @@ class WrongReturn(ChatAgent):
         return 1.0
 
 
-@pytest.mark.parametrize(("factory", "failure"), [
-    (Raises, "run: RuntimeError: grader exploded"),
-    (Silent, "the agent finished without a model call"),
-    (WrongReturn, "ChatAgent.run must return a molt_envs.Result"),
-    (lambda: object(), "make: TypeError: agent factory returned object"),
-])
+@pytest.mark.parametrize(
+    ("factory", "failure"),
+    [
+        (Raises, "run: RuntimeError: grader exploded"),
+        (Silent, "the agent finished without a model call"),
+        (WrongReturn, "ChatAgent.run must return a molt_envs.Result"),
+        (lambda: object(), "make: TypeError: agent factory returned object"),
+    ],
+)
 async def test_failures_are_recorded_never_raised(factory, failure, rows, tiny_tokenizer):
     engine = ScriptedEngine(tiny_tokenizer, ["hi"])
     segments = await run(ChatAgentRunner(factory, env_id="x/y-v1"), rows[0], tiny_tokenizer, engine)
@@ -132,11 +142,13 @@ async def test_a_prompt_over_the_budget_is_a_recorded_failure(rows, tiny_tokeniz
     assert "1 call(s) found no room under max_length=16" in segment.failure and engine.calls == []
 
 
-async def test_a_max_length_beyond_the_models_positions_is_clamped_not_an_engine_error(rows, tiny_engine,
-                                                                                        tiny_tokenizer):
+async def test_a_max_length_beyond_the_models_positions_is_clamped_not_an_engine_error(
+    rows, tiny_engine, tiny_tokenizer
+):
     params = SamplingParams(max_tokens=4096, temperature=1.0, seed=0)  # far beyond the tiny model's 1024 positions
-    [segment] = await run(ChatAgentRunner(ChatGSM8KAgent), rows[0], tiny_tokenizer, tiny_engine, params,
-                          max_length=100_000)
+    [segment] = await run(
+        ChatAgentRunner(ChatGSM8KAgent), rows[0], tiny_tokenizer, tiny_engine, params, max_length=100_000
+    )
     assert segment.failure is None and len(segment.token_ids) <= tiny_engine.max_positions
 
 
@@ -149,8 +161,9 @@ async def test_the_context_points_the_sdks_at_the_session(rows, tiny_tokenizer):
             return Result()
 
     params = SamplingParams(max_tokens=7, temperature=0.3)
-    await ChatAgentRunner(Peek).execute("What is 2+2?", "4", params, 512, tiny_tokenizer,
-                                        ScriptedEngine(tiny_tokenizer, ["x"]))
+    await ChatAgentRunner(Peek).execute(
+        "What is 2+2?", "4", params, 512, tiny_tokenizer, ScriptedEngine(tiny_tokenizer, ["x"])
+    )
     [ctx] = seen
     assert ctx.messages == [{"role": "user", "content": "What is 2+2?"}] and ctx.prompt == "What is 2+2?"
     assert ctx.base_url == f"{ctx.session_url}/v1" and ctx.session_url.endswith(f"/s/{ctx.session_id}")

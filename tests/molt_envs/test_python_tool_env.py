@@ -10,17 +10,21 @@ import sandboxes
 from molt_envs import SamplingParams
 from molt_envs.tools import ToolBox, format_result, truncate_for_model
 
-needs_sandbox = pytest.mark.skipif(sandboxes.probe().auto is None,
-                                   reason="no sandbox provider works on this host (see sandboxes.probe())")
+needs_sandbox = pytest.mark.skipif(
+    sandboxes.probe().auto is None, reason="no sandbox provider works on this host (see sandboxes.probe())"
+)
 
 
 @needs_sandbox
 async def test_tool_call_runs_in_the_sandbox_and_answer_is_graded(tiny_tokenizer):
     code_call = '<tool_call>\n{"name": "python_executor", "arguments": {"code": "print(123 * 456 - 7)"}}\n</tool_call>'
-    engine = ScriptedEngine(tiny_tokenizer, [code_call, "\\boxed{56081}"])  # the model is scripted; env and sandbox are real
+    engine = ScriptedEngine(
+        tiny_tokenizer, [code_call, "\\boxed{56081}"]
+    )  # the model is scripted; env and sandbox are real
     runner = env_registry.runner_for("molt/python-tool-v1")
-    traj = await runner.execute("What is 123 * 456 - 7?", "56081", SamplingParams(max_tokens=64), 1024,
-                                tiny_tokenizer, engine)
+    traj = await runner.execute(
+        "What is 123 * 456 - 7?", "56081", SamplingParams(max_tokens=64), 1024, tiny_tokenizer, engine
+    )
     assert traj.ok, traj.failure
     assert traj.reward == 1.0 and traj.num_turns == 2 and traj.info["tool_calls"] == 1.0
     text = tiny_tokenizer.decode(traj.token_ids)
@@ -28,7 +32,9 @@ async def test_tool_call_runs_in_the_sandbox_and_answer_is_graded(tiny_tokenizer
     assert "<tool_response>\n56081\n</tool_response>" in text
     (_, first_end), (second_start, _) = traj.action_ranges
     feedback = traj.token_ids[first_end:second_start]
-    assert "56081" in tiny_tokenizer.decode(feedback) and all(lp == 0.0 for lp in traj.log_probs[first_end:second_start])
+    assert "56081" in tiny_tokenizer.decode(feedback) and all(
+        lp == 0.0 for lp in traj.log_probs[first_end:second_start]
+    )
     assert engine.calls[1][0] == traj.token_ids[:second_start]
 
 
@@ -57,6 +63,14 @@ def test_truncation_marker_is_visible():
     cut = truncate_for_model(text, 60)
     assert cut.startswith("a") and cut.endswith("b") and "characters truncated" in cut and len(cut) < len(text)
     assert truncate_for_model("short", 60) == "short"
-    ok = sandboxes.Result(stdout="x" * 10, stderr="", exit_code=0, signal=None, status="ok", truncated=False,
-                          wall_ms=1.0, provider="local")
+    ok = sandboxes.Result(
+        stdout="x" * 10,
+        stderr="",
+        exit_code=0,
+        signal=None,
+        status="ok",
+        truncated=False,
+        wall_ms=1.0,
+        provider="local",
+    )
     assert format_result(ok, 100) == "x" * 10

@@ -18,8 +18,10 @@ OPENAI_CASES = [
     ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role must be one of"),
     ({"messages": ["hi"]}, "messages[0] must be an object"),
     ({"messages": [{"role": "user", "content": 5}]}, "messages[0].content must be a string"),
-    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
-     "accepts only text parts"),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+        "accepts only text parts",
+    ),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}, "temperature must be a number"),
     ({"messages": [{"role": "user", "content": "x"}], "temperature": -1}, "temperature must be a finite number >= 0"),
     ({"messages": [{"role": "user", "content": "x"}], "top_p": 5}, "top_p must be in (0, 1]"),
@@ -28,8 +30,10 @@ OPENAI_CASES = [
     ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n must be 1"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0] must be"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream must be a boolean"),
-    ({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]},
-     "messages[0].tool_calls[0] must be"),
+    (
+        {"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "1"}]}]},
+        "messages[0].tool_calls[0] must be",
+    ),
     ({"messages": [{"role": "assistant", "content": "", "tool_calls": True}]}, "messages[0].tool_calls must be a list"),
     ({"messages": [{"role": "user", "content": "x"}], "seed": -5}, "seed must be an integer in [0, 2**63)"),
 ]
@@ -38,12 +42,18 @@ ANTHROPIC_CASES = [
     ({"max_tokens": 8, "messages": []}, "messages must be a non-empty list"),
     ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "role 'user' or 'assistant'"),
     ({"max_tokens": "many", "messages": [{"role": "user", "content": "x"}]}, "max_tokens must be a positive integer"),
-    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-     "has type 'image'"),
-    ({"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_use", "name": "f"}]}]},
-     "has type 'tool_use'"),
-    ({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "tools": [{"description": "no name"}]},
-     "tools[0] must be"),
+    (
+        {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+        "has type 'image'",
+    ),
+    (
+        {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "tool_use", "name": "f"}]}]},
+        "has type 'tool_use'",
+    ),
+    (
+        {"max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "tools": [{"description": "no name"}]},
+        "tools[0] must be",
+    ),
     ({"max_tokens": 8, "messages": [{"role": "user", "content": "x"}], "system": 5}, "system must be a string"),
 ]
 
@@ -83,8 +93,9 @@ async def test_unknown_session_is_404(http, path):
 @pytest.mark.parametrize("raw", [b"{not json", b"[1, 2]", b""])
 async def test_bodies_that_are_not_a_json_object_are_400(http, raw):
     client, _, session = http
-    response = await client.post(f"/s/{session.session_id}/v1/chat/completions", content=raw,
-                                 headers={"content-type": "application/json"})
+    response = await client.post(
+        f"/s/{session.session_id}/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and "request body" in response.json()["error"]["message"]
 
 
@@ -108,8 +119,14 @@ async def test_session_routes_reject_bad_input(http):
     assert response.status_code == 400 and "top_p" in response.text
     response = await client.post("/sessions", json={"sampling_params": {"warmth": 1}})
     assert response.status_code == 400 and "unknown field(s) warmth" in response.text
-    for bad in ({"seed": "x"}, {"stop_token_ids": 5}, {"stop_token_ids": [-1]}, {"min_tokens": -2},
-                {"temperature": "hot"}, {"max_tokens": 0}):
+    for bad in (
+        {"seed": "x"},
+        {"stop_token_ids": 5},
+        {"stop_token_ids": [-1]},
+        {"min_tokens": -2},
+        {"temperature": "hot"},
+        {"max_tokens": 0},
+    ):
         response = await client.post("/sessions", json={"sampling_params": bad})
         assert response.status_code == 400 and next(iter(bad)) in response.json()["error"]["message"], bad
     assert (await client.post("/sessions", json={"sampling_params": []})).status_code == 400
@@ -125,11 +142,13 @@ async def test_the_sdks_see_typed_client_errors(serve, tiny_tokenizer):
     session = server.open_session()
     with pytest.raises(openai.BadRequestError, match="temperature must be a finite number"):
         await serve.openai(server, session).chat.completions.create(
-            model="policy", messages=[{"role": "user", "content": "x"}], temperature=-2)
+            model="policy", messages=[{"role": "user", "content": "x"}], temperature=-2
+        )
     server.close_session(session.session_id)
     with pytest.raises(anthropic.NotFoundError, match="unknown session"):
         await serve.anthropic(server, session).messages.create(
-            model="policy", max_tokens=8, messages=[{"role": "user", "content": "x"}])
+            model="policy", max_tokens=8, messages=[{"role": "user", "content": "x"}]
+        )
 
 
 async def test_idle_sessions_expire_after_the_ttl(serve, tiny_tokenizer):
@@ -149,8 +168,9 @@ async def test_deep_nesting_and_unpaired_surrogates_are_400(http):
         response = await client.post(path, content=deep, headers={"content-type": "application/json"})
         assert response.status_code == 400 and "nests deeper" in response.text, response.text
     raw = b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}'
-    response = await client.post(f"/s/{session.session_id}/v1/chat/completions", content=raw,
-                                 headers={"content-type": "application/json"})
+    response = await client.post(
+        f"/s/{session.session_id}/v1/chat/completions", content=raw, headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and "unpaired surrogate" in response.text, response.text
     assert session.segments == []
 
@@ -165,8 +185,11 @@ async def test_a_call_in_flight_when_its_session_closes_records_nothing(serve, t
 
     server = await serve(Slow(tiny_tokenizer, ["ok"]), tiny_tokenizer)
     session = server.open_session()
-    call = asyncio.create_task(serve.openai(server, session).with_options(max_retries=0).chat.completions.create(
-        model="p", messages=[{"role": "user", "content": "x"}]))
+    call = asyncio.create_task(
+        serve.openai(server, session)
+        .with_options(max_retries=0)
+        .chat.completions.create(model="p", messages=[{"role": "user", "content": "x"}])
+    )
     await asyncio.sleep(0.2)
     server.close_session(session.session_id)
     with pytest.raises(openai.NotFoundError, match="closed while this call generated"):
@@ -176,10 +199,13 @@ async def test_a_call_in_flight_when_its_session_closes_records_nothing(serve, t
 
 async def test_a_chat_template_refusal_is_the_clients_error(serve, tiny_tokenizer):
     tokenizer = copy.deepcopy(tiny_tokenizer)
-    tokenizer.chat_template = ("{% if messages[-1]['role'] == 'system' %}{{ raise_exception('no system message "
-                               "at the end') }}{% endif %}" + tiny_tokenizer.chat_template)
+    tokenizer.chat_template = (
+        "{% if messages[-1]['role'] == 'system' %}{{ raise_exception('no system message "
+        "at the end') }}{% endif %}" + tiny_tokenizer.chat_template
+    )
     server = await serve(ScriptedEngine(tokenizer, ["ok"]), tokenizer)
     session = server.open_session()
     with pytest.raises(openai.BadRequestError, match="the chat template refused the conversation: no system"):
         await serve.openai(server, session).chat.completions.create(
-            model="p", messages=[{"role": "user", "content": "x"}, {"role": "system", "content": "y"}])
+            model="p", messages=[{"role": "user", "content": "x"}, {"role": "system", "content": "y"}]
+        )

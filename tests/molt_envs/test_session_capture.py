@@ -26,8 +26,9 @@ async def chat(client, messages, **kwargs):
 
 
 @pytest.mark.parametrize("inline_max_chars", [INLINE_MAX_CHARS, -1], ids=["small-work-inline", "all-on-the-pool"])
-async def test_multi_turn_is_token_exact_and_log_probs_are_the_engines(serve, tiny_engine, tiny_model, tiny_tokenizer,
-                                                                       inline_max_chars):
+async def test_multi_turn_is_token_exact_and_log_probs_are_the_engines(
+    serve, tiny_engine, tiny_model, tiny_tokenizer, inline_max_chars
+):
     tok = tiny_tokenizer
     engine = RecordingEngine(tiny_engine)
     server = await serve(engine, tok, params=SamplingParams(max_tokens=10, seed=3))
@@ -39,8 +40,10 @@ async def test_multi_turn_is_token_exact_and_log_probs_are_the_engines(serve, ti
     for turn in range(3):
         requests.append(list(messages))
         reply = await chat(client, messages, max_tokens=10, temperature=1.0)
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                     {"role": "user", "content": f"And after day {turn}?"}]
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": f"And after day {turn}?"},
+        ]
 
     [segment] = session.segments
     assert len(engine.calls) == 3
@@ -50,11 +53,11 @@ async def test_multi_turn_is_token_exact_and_log_probs_are_the_engines(serve, ti
             assert prompt == encode(tok, render(tok, requests[0]))
         else:
             # generated over the exact accumulated ids, plus only the template delta of the new message
-            assert prompt[:len(context)] == context
+            assert prompt[: len(context)] == context
             previous = engine.calls[i - 1][2]
             closing = "\n" if previous.finish_reason == "stop" else "<|im_end|>\n"
             full, prefix = render(tok, requests[i]), render(tok, requests[i][:-1], generation_prompt=False)
-            assert prompt[len(context):] == encode(tok, closing + full[len(prefix):])
+            assert prompt[len(context) :] == encode(tok, closing + full[len(prefix) :])
         context = prompt + gen.token_ids
     assert segment.token_ids == context
     assert segment.action_ranges == [(len(p), len(p) + len(g.token_ids)) for p, _, g in engine.calls]
@@ -62,13 +65,14 @@ async def test_multi_turn_is_token_exact_and_log_probs_are_the_engines(serve, ti
     mask = segment.action_mask()
     assert [lp for lp, m in zip(segment.log_probs, mask, strict=True) if not m] == [0.0] * mask.count(False)
     assert [lp for lp, m in zip(segment.log_probs, mask, strict=True) if m] == [
-        lp for _, _, g in engine.calls for lp in g.log_probs]
+        lp for _, _, g in engine.calls for lp in g.log_probs
+    ]
     # the model really saw these ids: a teacher-forced pass over them reproduces every action log-prob
     with torch.no_grad():
         logits = tiny_model(torch.tensor([segment.token_ids])).logits[0].float()
     logp = torch.log_softmax(logits, -1)
     for start, end in segment.action_ranges:
-        forced = logp[start - 1:end - 1].gather(-1, torch.tensor(segment.token_ids[start:end])[:, None])[:, 0]
+        forced = logp[start - 1 : end - 1].gather(-1, torch.tensor(segment.token_ids[start:end])[:, None])[:, 0]
         assert torch.allclose(forced, torch.tensor(segment.log_probs[start:end]), atol=1e-4)
 
 
@@ -99,8 +103,11 @@ async def test_a_turn_cut_by_length_is_closed_with_the_end_of_turn_token(serve, 
     client = serve.openai(server, session)
     first = await chat(client, [{"role": "user", "content": "count"}], max_tokens=3)
     assert first.choices[0].finish_reason == "length"
-    messages = [{"role": "user", "content": "count"}, {"role": "assistant", "content": first.choices[0].message.content},
-                {"role": "user", "content": "stop"}]
+    messages = [
+        {"role": "user", "content": "count"},
+        {"role": "assistant", "content": first.choices[0].message.content},
+        {"role": "user", "content": "stop"},
+    ]
     await chat(client, messages)
     [segment] = session.segments
     assert segment.truncated and segment.finish_reasons == ["length", "stop"]
@@ -110,8 +117,10 @@ async def test_a_turn_cut_by_length_is_closed_with_the_end_of_turn_token(serve, 
 async def test_several_new_messages_all_go_into_the_delta(serve, tiny_tokenizer):
     tok = tiny_tokenizer
     # two calls, written exactly as the tiny template renders them (so the final text check can be exact)
-    calls = ('<tool_call>\n{"name": "calc", "arguments": {"expr": "1+1"}}\n</tool_call>'
-             '<tool_call>\n{"name": "calc", "arguments": {"expr": "2+2"}}\n</tool_call>')
+    calls = (
+        '<tool_call>\n{"name": "calc", "arguments": {"expr": "1+1"}}\n</tool_call>'
+        '<tool_call>\n{"name": "calc", "arguments": {"expr": "2+2"}}\n</tool_call>'
+    )
     engine = ScriptedEngine(tok, [calls, "Both are done."])
     server = await serve(engine, tok)
     session = server.open_session()
@@ -121,16 +130,20 @@ async def test_several_new_messages_all_go_into_the_delta(serve, tiny_tokenizer)
     message = reply.choices[0].message
     assert [c.function.arguments for c in message.tool_calls] == ['{"expr": "1+1"}', '{"expr": "2+2"}']
     messages.append(message.model_dump(exclude_none=True))
-    messages += [{"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "2"},
-                 {"role": "tool", "tool_call_id": message.tool_calls[1].id, "content": "4"}]
+    messages += [
+        {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "2"},
+        {"role": "tool", "tool_call_id": message.tool_calls[1].id, "content": "4"},
+    ]
     await chat(client, messages, tools=[CALC_TOOL])
 
     [segment] = session.segments
     first_prompt, _, first_gen = engine.calls[0]
-    delta = engine.calls[1][0][len(first_prompt) + len(first_gen.token_ids):]
+    delta = engine.calls[1][0][len(first_prompt) + len(first_gen.token_ids) :]
     full = render(tok, messages, [CALC_TOOL])
-    after_reply = full[len(render(tok, messages[:2], [CALC_TOOL], generation_prompt=False)):]
-    assert "<tool_response>\n2\n</tool_response>" in after_reply and "<tool_response>\n4\n</tool_response>" in after_reply
+    after_reply = full[len(render(tok, messages[:2], [CALC_TOOL], generation_prompt=False)) :]
+    assert (
+        "<tool_response>\n2\n</tool_response>" in after_reply and "<tool_response>\n4\n</tool_response>" in after_reply
+    )
     assert tok.decode(delta) == "\n" + after_reply  # both results, after the "\n" that follows <|im_end|>
     messages.append({"role": "assistant", "content": "Both are done."})
     assert tok.decode(segment.token_ids) + "\n" == render(tok, messages, [CALC_TOOL], generation_prompt=False)
@@ -150,12 +163,15 @@ async def test_compaction_opens_a_new_segment_in_the_same_rollout(serve, tiny_to
             messages.append({"role": "user", "content": question})
     compacted = [{"role": "system", "content": "Summary: said A and B."}, {"role": "user", "content": "third"}]
     reply = await chat(client, compacted)
-    await chat(client, compacted + [{"role": "assistant", "content": reply.choices[0].message.content},
-                                    {"role": "user", "content": "fourth"}])
+    await chat(
+        client,
+        compacted
+        + [{"role": "assistant", "content": reply.choices[0].message.content}, {"role": "user", "content": "fourth"}],
+    )
     first, second = session.segments
     assert len(first.action_ranges) == 2 and len(second.action_ranges) == 2
     assert first.rollout_id == second.rollout_id == session.rollout_id
-    assert second.token_ids[:second.prompt_len] == encode(tok, render(tok, compacted))
+    assert second.token_ids[: second.prompt_len] == encode(tok, render(tok, compacted))
     assert engine.calls[2][0] == encode(tok, render(tok, compacted))  # generated over the new segment only
 
 
@@ -166,11 +182,14 @@ async def test_a_reply_the_client_edited_is_a_rewrite_and_opens_a_new_segment(se
     session = server.open_session()
     client = serve.openai(server, session)
     await chat(client, [{"role": "user", "content": "2+2?"}])
-    messages = [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4, as I said."},
-                {"role": "user", "content": "+1?"}]
+    messages = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4, as I said."},
+        {"role": "user", "content": "+1?"},
+    ]
     await chat(client, messages)
     first, second = session.segments  # the model must see the edited reply, so the tokens start over
-    assert second.token_ids[:second.prompt_len] == encode(tok, render(tok, messages))
+    assert second.token_ids[: second.prompt_len] == encode(tok, render(tok, messages))
     assert first.rollout_id == second.rollout_id
 
 
@@ -180,7 +199,8 @@ async def test_a_template_that_rewrites_history_opens_a_new_segment(serve, tiny_
     tok.chat_template = tok.chat_template.replace(
         "<|im_start|>assistant\n{{ message.content or '' }}",
         "<|im_start|>assistant\n{{ (message.content or '') if loop.last else "
-        "(message.content or '').split('</think>')[-1] }}")
+        "(message.content or '').split('</think>')[-1] }}",
+    )
     engine = ScriptedEngine(tok, ["<think>2+2 is 4</think>Four.", "Five."])
     server = await serve(engine, tok)
     session = server.open_session()
@@ -192,7 +212,7 @@ async def test_a_template_that_rewrites_history_opens_a_new_segment(serve, tiny_
     await chat(client, messages)
     first, second = session.segments
     assert "<think>" in tok.decode(first.token_ids)
-    assert second.token_ids[:second.prompt_len] == encode(tok, render(tok, messages))
+    assert second.token_ids[: second.prompt_len] == encode(tok, render(tok, messages))
     assert "<think>" not in tok.decode(second.token_ids)
 
 
@@ -241,8 +261,10 @@ async def test_fifty_concurrent_sessions_stay_isolated(serve, tiny_engine, tiny_
         client = serve.openai(server, session)
         messages = [{"role": "user", "content": f"Session {i} asks about {i} apples."}]
         reply = await chat(client, messages, seed=i)
-        messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                     {"role": "user", "content": f"Session {i} again."}]
+        messages += [
+            {"role": "assistant", "content": reply.choices[0].message.content},
+            {"role": "user", "content": f"Session {i} again."},
+        ]
         await chat(client, messages, seed=i)
         return messages
 
@@ -250,7 +272,7 @@ async def test_fifty_concurrent_sessions_stay_isolated(serve, tiny_engine, tiny_
     assert len({s.rollout_id for s in sessions}) == 50
     for i, (session, messages) in enumerate(zip(sessions, conversations, strict=True)):
         [segment] = session.segments
-        assert segment.token_ids[:segment.prompt_len] == encode(tok, render(tok, messages[:1]))
+        assert segment.token_ids[: segment.prompt_len] == encode(tok, render(tok, messages[:1]))
         assert len(segment.action_ranges) == 2
         text = tok.decode(segment.token_ids)
         assert f"Session {i} again." in text
@@ -278,8 +300,9 @@ async def test_large_tokenizer_work_runs_off_the_event_loop(tiny_tokenizer):
             threads.append(threading.current_thread().name)
             return super().render(*args)
 
-    session = Session(ScriptedEngine(tiny_tokenizer, ["ok"]), Watched(tiny_tokenizer), params=SamplingParams(),
-                      max_length=100_000)
+    session = Session(
+        ScriptedEngine(tiny_tokenizer, ["ok"]), Watched(tiny_tokenizer), params=SamplingParams(), max_length=100_000
+    )
     threads.clear()  # the template's own probe render at construction
     await session.turn(ChatRequest([{"role": "user", "content": "short"}], None))
     assert threads == [threading.current_thread().name]  # under INLINE_MAX_CHARS: inline, no pool hop

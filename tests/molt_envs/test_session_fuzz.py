@@ -9,26 +9,61 @@ import pytest
 from chat_support import ANTHROPIC_CALC_TOOL, CALC_TOOL, ScriptedEngine
 
 OPENAI_BODY = {
-    "model": "policy", "max_tokens": 8, "temperature": 0.5, "tools": [CALC_TOOL], "stream": False,
+    "model": "policy",
+    "max_tokens": 8,
+    "temperature": 0.5,
+    "tools": [CALC_TOOL],
+    "stream": False,
     "messages": [
         {"role": "system", "content": "Be brief."},
         {"role": "user", "content": [{"type": "text", "text": "6*7?"}]},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "calc", "arguments": "{\"expr\": \"6*7\"}"}}]},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "calc", "arguments": '{"expr": "6*7"}'}}
+            ],
+        },
         {"role": "tool", "tool_call_id": "call_1", "content": "42"},
     ],
 }
 ANTHROPIC_BODY = {
-    "model": "policy", "max_tokens": 8, "system": [{"type": "text", "text": "Be brief."}], "tools": [ANTHROPIC_CALC_TOOL],
+    "model": "policy",
+    "max_tokens": 8,
+    "system": [{"type": "text", "text": "Be brief."}],
+    "tools": [ANTHROPIC_CALC_TOOL],
     "messages": [
         {"role": "user", "content": "6*7?"},
-        {"role": "assistant", "content": [{"type": "text", "text": "Computing."},
-                                          {"type": "tool_use", "id": "toolu_1", "name": "calc", "input": {"expr": "6*7"}}]},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Computing."},
+                {"type": "tool_use", "id": "toolu_1", "name": "calc", "input": {"expr": "6*7"}},
+            ],
+        },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}]},
     ],
 }
-ODD_VALUES = [None, True, 0, -1, 2.5, 1e308, "", "x", "\x00", [], [1], {}, {"type": "text"}, [{"type": "image"}],
-              {"role": "user"}, [[]], "function", {"type": "function", "function": None}]
+ODD_VALUES = [
+    None,
+    True,
+    0,
+    -1,
+    2.5,
+    1e308,
+    "",
+    "x",
+    "\x00",
+    [],
+    [1],
+    {},
+    {"type": "text"},
+    [{"type": "image"}],
+    {"role": "user"},
+    [[]],
+    "function",
+    {"type": "function", "function": None},
+]
 
 
 def paths(node, prefix=()):

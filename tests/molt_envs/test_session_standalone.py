@@ -20,9 +20,23 @@ def served(tmp_path, tiny_model, tiny_tokenizer):
     from molt_train.models.tiny import save_tiny
 
     save_tiny(tiny_model, tiny_tokenizer, tmp_path / "model")
-    proc = subprocess.Popen([sys.executable, "-m", "molt_train.cli", "serve", "--model", str(tmp_path / "model"),
-                             "--port", "0", "--max-tokens", "8"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "molt_train.cli",
+            "serve",
+            "--model",
+            str(tmp_path / "model"),
+            "--port",
+            "0",
+            "--max-tokens",
+            "8",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     deadline = time.monotonic() + 120
     line = ""
     while time.monotonic() < deadline and "session server on" not in line:
@@ -42,17 +56,23 @@ def test_standalone_server_end_to_end(served, tiny_model):
     assert http.get("/health").json()["status"] == "ok"
     opened = http.post("/sessions", json={"sampling_params": {"temperature": 1.0, "seed": 4}}).json()
     assert set(opened) == {"session_id", "base_url", "session_url"}
-    assert opened["base_url"] == f"{url}/s/{opened['session_id']}/v1" and opened["session_url"] == f"{url}/s/{opened['session_id']}"
+    assert (
+        opened["base_url"] == f"{url}/s/{opened['session_id']}/v1"
+        and opened["session_url"] == f"{url}/s/{opened['session_id']}"
+    )
 
     client = openai.OpenAI(base_url=opened["base_url"], api_key="EMPTY")
     messages = [{"role": "user", "content": "Tom has 4 apples."}]
     reply = client.chat.completions.create(model="policy", messages=messages)
-    messages += [{"role": "assistant", "content": reply.choices[0].message.content},
-                 {"role": "user", "content": "How many now?"}]
+    messages += [
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": "How many now?"},
+    ]
     client.chat.completions.create(model="policy", messages=messages)
     other = http.post("/sessions").json()
     anthropic.Anthropic(base_url=other["session_url"], api_key="EMPTY").messages.create(
-        model="policy", max_tokens=5, messages=[{"role": "user", "content": "hello"}])
+        model="policy", max_tokens=5, messages=[{"role": "user", "content": "hello"}]
+    )
 
     trajectory = http.get(f"/sessions/{opened['session_id']}/trajectory").json()
     [segment] = trajectory["segments"]
@@ -64,13 +84,15 @@ def test_standalone_server_end_to_end(served, tiny_model):
     with torch.no_grad():
         logp = torch.log_softmax(tiny_model(torch.tensor([tokens])).logits[0].float(), -1)
     for start, end in ranges:
-        forced = logp[start - 1:end - 1].gather(-1, torch.tensor(tokens[start:end])[:, None])[:, 0]
+        forced = logp[start - 1 : end - 1].gather(-1, torch.tensor(tokens[start:end])[:, None])[:, 0]
         assert torch.allclose(forced, torch.tensor(log_probs[start:end]), atol=1e-4)
     [other_segment] = http.get(f"/sessions/{other['session_id']}/trajectory").json()["segments"]
     assert len(other_segment["action_ranges"]) == 1 and len(range(*other_segment["action_ranges"][0])) <= 5
 
-    assert http.delete(f"/sessions/{opened['session_id']}").json() == {"session_id": opened["session_id"],
-                                                                        "deleted": True}
+    assert http.delete(f"/sessions/{opened['session_id']}").json() == {
+        "session_id": opened["session_id"],
+        "deleted": True,
+    }
     assert http.get(f"/sessions/{opened['session_id']}/trajectory").status_code == 404
     with pytest.raises(openai.NotFoundError):
         client.with_options(max_retries=0).chat.completions.create(model="policy", messages=messages)
@@ -79,6 +101,10 @@ def test_standalone_server_end_to_end(served, tiny_model):
 
 
 def test_serve_refuses_a_missing_model_directory(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "molt_train.cli", "serve", "--model", str(tmp_path / "nope")],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "molt_train.cli", "serve", "--model", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and "cannot load a model from --model" in out.stderr

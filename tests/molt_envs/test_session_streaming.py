@@ -16,8 +16,12 @@ async def test_openai_stream_carries_content_tool_calls_finish_and_usage(serve, 
     server = await serve(engine, tiny_tokenizer)
     session = server.open_session()
     stream = await serve.openai(server, session).chat.completions.create(
-        model="policy", messages=[{"role": "user", "content": "6*7?"}], tools=[CALC_TOOL], stream=True,
-        stream_options={"include_usage": True})
+        model="policy",
+        messages=[{"role": "user", "content": "6*7?"}],
+        tools=[CALC_TOOL],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     content, calls, finish, usage = "", {}, None, None
     async for chunk in stream:
         usage = chunk.usage or usage
@@ -30,7 +34,9 @@ async def test_openai_stream_carries_content_tool_calls_finish_and_usage(serve, 
             finish = choice.finish_reason or finish
     assert content == "Let me see." and finish == "tool_calls"
     [call] = calls.values()
-    assert call["id"].startswith("call_") and call["name"] == "calc" and json.loads(call["arguments"]) == {"expr": "6*7"}
+    assert (
+        call["id"].startswith("call_") and call["name"] == "calc" and json.loads(call["arguments"]) == {"expr": "6*7"}
+    )
     [segment] = session.segments
     assert usage.completion_tokens == segment.num_action_tokens and usage.prompt_tokens == segment.prompt_len
 
@@ -59,12 +65,15 @@ async def test_anthropic_stream_text_and_tool_use(serve, tiny_tokenizer):
     assert text == "Hello there." and final.stop_reason == "end_turn"
     assert final.usage.output_tokens == session.segments[0].num_action_tokens
     messages += [{"role": "assistant", "content": text}, {"role": "user", "content": "6*7?"}]
-    async with client.messages.stream(model="policy", max_tokens=256, messages=messages,
-                                      tools=[ANTHROPIC_CALC_TOOL]) as stream:
+    async with client.messages.stream(
+        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_CALC_TOOL]
+    ) as stream:
         final = await stream.get_final_message()
     assert final.stop_reason == "tool_use"
     assert [(b.type, getattr(b, "text", None) or getattr(b, "input", None)) for b in final.content] == [
-        ("text", "Computing."), ("tool_use", {"expr": "6*7"})]
+        ("text", "Computing."),
+        ("tool_use", {"expr": "6*7"}),
+    ]
     # tools render into the system turn, so adding them rewrites the prefix: a second segment, same rollout
     first, second = session.segments
     assert first.rollout_id == second.rollout_id and len(second.action_ranges) == 1

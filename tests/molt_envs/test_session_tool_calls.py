@@ -29,17 +29,20 @@ def test_arguments_given_as_a_json_string_are_decoded():
     assert call.arguments == {"expr": "2"}
 
 
-@pytest.mark.parametrize("text", [
-    "<tool_call>{not json}</tool_call>",
-    '<tool_call>{"arguments": {}}</tool_call>',  # no name
-    '<tool_call>{"name": "calc", "arguments": [1, 2]}</tool_call>',  # arguments not an object
-    '<tool_call>{"name": "calc", "arguments": {}}',  # unclosed
-    CALL + "<tool_call>{broken",  # one good call does not rescue a broken one
-    '<tool_call>["calc"]</tool_call>',
-    '<tool_call>{"name": "calc", "arguments": {"x": NaN}}</tool_call>',  # no JSON reply can carry these:
-    '<tool_call>{"name": "calc", "arguments": {"x": 1e999}}</tool_call>',
-    '<tool_call>{"name": "calc", "arguments": {"x": "\\ud800"}}</tool_call>',  # an unpaired surrogate
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<tool_call>{not json}</tool_call>",
+        '<tool_call>{"arguments": {}}</tool_call>',  # no name
+        '<tool_call>{"name": "calc", "arguments": [1, 2]}</tool_call>',  # arguments not an object
+        '<tool_call>{"name": "calc", "arguments": {}}',  # unclosed
+        CALL + "<tool_call>{broken",  # one good call does not rescue a broken one
+        '<tool_call>["calc"]</tool_call>',
+        '<tool_call>{"name": "calc", "arguments": {"x": NaN}}</tool_call>',  # no JSON reply can carry these:
+        '<tool_call>{"name": "calc", "arguments": {"x": 1e999}}</tool_call>',
+        '<tool_call>{"name": "calc", "arguments": {"x": "\\ud800"}}</tool_call>',  # an unpaired surrogate
+    ],
+)
 def test_malformed_calls_come_back_as_plain_text(text):
     assert parse_tool_calls(text) == (text, [])
 
@@ -49,8 +52,9 @@ async def openai_reply(serve, tok, script, **kwargs):
     server = await serve(engine, tok)
     session = server.open_session()
     client = serve.openai(server, session)
-    reply = await client.chat.completions.create(model="policy", messages=[{"role": "user", "content": "6*7?"}],
-                                                 **kwargs)
+    reply = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "6*7?"}], **kwargs
+    )
     return reply.choices[0], session
 
 
@@ -63,7 +67,8 @@ async def test_openai_wire_returns_structured_tool_calls(serve, tiny_tokenizer):
     assert call.function.name == "calc" and json.loads(call.function.arguments) == {"expr": "6*7"}
     # the tools went into the prompt through the chat template
     assert tiny_tokenizer.decode(session.segments[0].token_ids).startswith(
-        render(tiny_tokenizer, [{"role": "user", "content": "6*7?"}], [CALC_TOOL]))
+        render(tiny_tokenizer, [{"role": "user", "content": "6*7?"}], [CALC_TOOL])
+    )
 
 
 @pytest.mark.parametrize("kwargs", [{}, {"tools": [CALC_TOOL], "tool_choice": "none"}])
@@ -86,27 +91,54 @@ async def test_anthropic_wire_returns_tool_use_and_takes_tool_results_back(serve
     session = server.open_session()
     client = serve.anthropic(server, session)
     messages = [{"role": "user", "content": "6*7 and 6+7?"}]
-    first = await client.messages.create(model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_CALC_TOOL],
-                                         system="Use tools.")
+    first = await client.messages.create(
+        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_CALC_TOOL], system="Use tools."
+    )
     assert first.stop_reason == "tool_use"
-    assert [(b.type, b.name, b.input) for b in first.content] == [("tool_use", "calc", {"expr": "6*7"}),
-                                                                   ("tool_use", "calc", {"expr": "6+7"})]
+    assert [(b.type, b.name, b.input) for b in first.content] == [
+        ("tool_use", "calc", {"expr": "6*7"}),
+        ("tool_use", "calc", {"expr": "6+7"}),
+    ]
     assert all(b.id.startswith("toolu_") for b in first.content)
-    messages += [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
-                 {"role": "user", "content": [
-                     {"type": "tool_result", "tool_use_id": first.content[0].id, "content": "42"},
-                     {"type": "tool_result", "tool_use_id": first.content[1].id,
-                      "content": [{"type": "text", "text": "13"}]}]}]
-    second = await client.messages.create(model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_CALC_TOOL],
-                                          system="Use tools.")
+    messages += [
+        {"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in first.content]},
+        {
+            "role": "user",
+            "content": [
+                {"type": "tool_result", "tool_use_id": first.content[0].id, "content": "42"},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": first.content[1].id,
+                    "content": [{"type": "text", "text": "13"}],
+                },
+            ],
+        },
+    ]
+    second = await client.messages.create(
+        model="policy", max_tokens=256, messages=messages, tools=[ANTHROPIC_CALC_TOOL], system="Use tools."
+    )
     assert second.stop_reason == "end_turn" and [b.text for b in second.content] == ["42 and 13."]
     [segment] = session.segments  # the tool results extended the same segment
-    expected = render(tok, [{"role": "system", "content": "Use tools."}, {"role": "user", "content": "6*7 and 6+7?"},
-                            {"role": "assistant", "content": "", "tool_calls": [
-                                {"type": "function", "function": {"name": "calc", "arguments": {"expr": "6*7"}}},
-                                {"type": "function", "function": {"name": "calc", "arguments": {"expr": "6+7"}}}]},
-                            {"role": "tool", "content": "42"}, {"role": "tool", "content": "13"},
-                            {"role": "assistant", "content": "42 and 13."}], [CALC_TOOL], generation_prompt=False)
+    expected = render(
+        tok,
+        [
+            {"role": "system", "content": "Use tools."},
+            {"role": "user", "content": "6*7 and 6+7?"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {"type": "function", "function": {"name": "calc", "arguments": {"expr": "6*7"}}},
+                    {"type": "function", "function": {"name": "calc", "arguments": {"expr": "6+7"}}},
+                ],
+            },
+            {"role": "tool", "content": "42"},
+            {"role": "tool", "content": "13"},
+            {"role": "assistant", "content": "42 and 13."},
+        ],
+        [CALC_TOOL],
+        generation_prompt=False,
+    )
     assert tok.decode(segment.token_ids) + "\n" == expected
 
 
@@ -115,7 +147,8 @@ async def test_anthropic_malformed_call_is_a_text_block(serve, tiny_tokenizer):
     server = await serve(engine, tiny_tokenizer)
     session = server.open_session()
     client = serve.anthropic(server, session)
-    message = await client.messages.create(model="policy", max_tokens=32, tools=[ANTHROPIC_CALC_TOOL],
-                                           messages=[{"role": "user", "content": "hi"}])
+    message = await client.messages.create(
+        model="policy", max_tokens=32, tools=[ANTHROPIC_CALC_TOOL], messages=[{"role": "user", "content": "hi"}]
+    )
     assert message.stop_reason == "end_turn"
     assert [(b.type, b.text) for b in message.content] == [("text", "<tool_call>{oops</tool_call>")]

@@ -23,9 +23,13 @@ class ThreeTurns(Env):
     async def step(self, state):
         self.seen.append(state)
         turn = state["turn"]
-        return Result(reward=1.0, observation=f"\n<feedback {turn}>\n", terminated=turn == 2,
-                      sampling_params={"temperature": 0.0} if turn == 0 else None,
-                      images=[Image.new("RGB", (2, 2))] if turn == 1 else None)
+        return Result(
+            reward=1.0,
+            observation=f"\n<feedback {turn}>\n",
+            terminated=turn == 2,
+            sampling_params={"temperature": 0.0} if turn == 0 else None,
+            images=[Image.new("RGB", (2, 2))] if turn == 1 else None,
+        )
 
 
 class Exploding(Env):
@@ -72,8 +76,15 @@ async def test_multi_turn_feedback_is_masked_params_replaced_images_carried(tiny
     envs = []
     runner = StepEnvRunner(lambda: envs.append(ThreeTurns()) or envs[-1])
     start_image = Image.new("RGB", (4, 4))
-    traj = await runner.execute("Q:", None, one_token_turns(tiny_tokenizer, temperature=1.0, max_tokens=6, seed=1),
-                                512, tiny_tokenizer, engine, images=[start_image])
+    traj = await runner.execute(
+        "Q:",
+        None,
+        one_token_turns(tiny_tokenizer, temperature=1.0, max_tokens=6, seed=1),
+        512,
+        tiny_tokenizer,
+        engine,
+        images=[start_image],
+    )
     check_alignment(traj, engine, tiny_tokenizer.encode("Q:"))
     assert traj.ok and traj.num_turns == 3 and traj.reward == 3.0  # rewards summed over turns
     assert [c[1].temperature for c in engine.calls] == [1.0, 0.0, 0.0]  # Result.sampling_params replaced them
@@ -99,8 +110,9 @@ async def test_budget_exhaustion_marks_truncated(tiny_engine, tiny_tokenizer):
     engine = RecordingEngine(tiny_engine)
     prompt_len = len(tiny_tokenizer.encode("Q:"))
     max_length = prompt_len + 20
-    traj = await StepEnvRunner(NeverEnds).execute("Q:", None, one_token_turns(tiny_tokenizer, max_tokens=8, seed=0),
-                                                  max_length, tiny_tokenizer, engine)
+    traj = await StepEnvRunner(NeverEnds).execute(
+        "Q:", None, one_token_turns(tiny_tokenizer, max_tokens=8, seed=0), max_length, tiny_tokenizer, engine
+    )
     assert traj.ok and traj.truncated and traj.num_turns > 3
     assert all(reason == "stop" for reason in traj.finish_reasons)
     assert len(traj.token_ids) <= max_length
@@ -109,21 +121,22 @@ async def test_budget_exhaustion_marks_truncated(tiny_engine, tiny_tokenizer):
 
 
 async def test_max_turns_truncates_a_never_ending_env(tiny_engine, tiny_tokenizer):
-    traj = await StepEnvRunner(NeverEnds, max_turns=2).execute("Q:", None, one_token_turns(tiny_tokenizer), 512,
-                                                               tiny_tokenizer, tiny_engine)
+    traj = await StepEnvRunner(NeverEnds, max_turns=2).execute(
+        "Q:", None, one_token_turns(tiny_tokenizer), 512, tiny_tokenizer, tiny_engine
+    )
     assert traj.truncated and traj.num_turns == 2 and traj.reward == 0.5
 
 
 async def test_an_env_that_raises_ends_only_its_episode_with_a_reason(tiny_engine, tiny_tokenizer):
-    traj = await StepEnvRunner(Exploding).execute("Q:", None, SamplingParams(max_tokens=3), 64, tiny_tokenizer,
-                                                  tiny_engine)
+    traj = await StepEnvRunner(Exploding).execute(
+        "Q:", None, SamplingParams(max_tokens=3), 64, tiny_tokenizer, tiny_engine
+    )
     assert traj.failure == "step: RuntimeError: grader crashed on purpose"
     assert not traj.ok and traj.num_action_tokens > 0
 
 
 async def test_prompt_longer_than_the_context_fails_cleanly(tiny_engine, tiny_tokenizer):
-    traj = await StepEnvRunner(OneTurn).execute("word " * 100, None, SamplingParams(), 16, tiny_tokenizer,
-                                                tiny_engine)
+    traj = await StepEnvRunner(OneTurn).execute("word " * 100, None, SamplingParams(), 16, tiny_tokenizer, tiny_engine)
     assert not traj.ok and "leaves no room under max_length=16" in traj.failure
 
 

@@ -108,9 +108,15 @@ def test_group_estimators_count_a_segmented_rollout_once():
 
 def reinforce_inputs(**extra) -> AdvantageInputs:
     """Two rows with a per-token KL (kl_coef 0.5) and terminal rewards 1 and 0."""
-    return AdvantageInputs(rewards=torch.tensor([1.0, 0.0]), action_mask=torch.tensor([[T, T, F], [F, T, T]]),
-                           group_ids=["a", "b"], rollout_ids=["x", "y"],
-                           kl=torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.2, 0.2]]), kl_coef=0.5, **extra)
+    return AdvantageInputs(
+        rewards=torch.tensor([1.0, 0.0]),
+        action_mask=torch.tensor([[T, T, F], [F, T, T]]),
+        group_ids=["a", "b"],
+        rollout_ids=["x", "y"],
+        kl=torch.tensor([[0.1, 0.2, 0.3], [0.4, 0.2, 0.2]]),
+        kl_coef=0.5,
+        **extra,
+    )
 
 
 def test_reinforce_kl_reward_and_terminal_reward_no_whiten():

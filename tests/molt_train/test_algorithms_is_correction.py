@@ -24,14 +24,17 @@ def weights(level, mode, threshold):
     return is_correction(LOGP_OLD, LOGP_ROLLOUT, MASK, level=level, mode=mode, threshold=threshold)
 
 
-@pytest.mark.parametrize(("mode", "expected", "filtered"), [
-    # IcePop, band [0.8, 1.25]: 1.5 and 0.4 are outside -> 0; kept tokens keep u
-    ("mask", [[1.0, 0.0, 0.9], [0.0, 1.2, 0.0]], 2 / 5),
-    # clamp(u, 0.8, 1.25): 1.5 -> 1.25, 0.4 -> 0.8
-    ("clip", [[1.0, 1.25, 0.9], [0.8, 1.2, 0.0]], 2 / 5),
-    # TIS, min(u, 1.25): only the upper tail moves; 0.4 stays
-    ("trunc", [[1.0, 1.25, 0.9], [0.4, 1.2, 0.0]], 1 / 5),
-])
+@pytest.mark.parametrize(
+    ("mode", "expected", "filtered"),
+    [
+        # IcePop, band [0.8, 1.25]: 1.5 and 0.4 are outside -> 0; kept tokens keep u
+        ("mask", [[1.0, 0.0, 0.9], [0.0, 1.2, 0.0]], 2 / 5),
+        # clamp(u, 0.8, 1.25): 1.5 -> 1.25, 0.4 -> 0.8
+        ("clip", [[1.0, 1.25, 0.9], [0.8, 1.2, 0.0]], 2 / 5),
+        # TIS, min(u, 1.25): only the upper tail moves; 0.4 stays
+        ("trunc", [[1.0, 1.25, 0.9], [0.4, 1.2, 0.0]], 1 / 5),
+    ],
+)
 def test_token_level_modes(mode, expected, filtered):
     w, m = weights("token", mode, (0.8, 1.25))
     torch.testing.assert_close(w, torch.tensor(expected))

@@ -10,9 +10,24 @@ BASE = ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.out
 
 
 def test_dotted_flags_nest_and_keep_types():
-    cfg = parse("rl", BASE + ["--actor.adam.lr", "3e-4", "--algo.advantage.estimator", "grpo",
-                              "--rollout.n_samples_per_prompt", "4", "--actor.eps_clip_low_high", "0.2", "0.28",
-                              "--algo.advantage.is_correction_threshold", "0.99", "1.01"])
+    cfg = parse(
+        "rl",
+        BASE
+        + [
+            "--actor.adam.lr",
+            "3e-4",
+            "--algo.advantage.estimator",
+            "grpo",
+            "--rollout.n_samples_per_prompt",
+            "4",
+            "--actor.eps_clip_low_high",
+            "0.2",
+            "0.28",
+            "--algo.advantage.is_correction_threshold",
+            "0.99",
+            "1.01",
+        ],
+    )
     assert cfg.actor.adam.lr == 3e-4
     assert cfg.algo.advantage.estimator == "grpo"
     assert cfg.actor.eps_clip_low_high == (0.2, 0.28)
@@ -24,13 +39,17 @@ def test_dotted_flags_nest_and_keep_types():
 REFUSED = [
     (["--algo.advantage.estimator", "grpo"], "--rollout.n_samples_per_prompt > 1"),
     (["--algo.advantage.estimator", "nope"], "--algo.advantage.estimator 'nope' is unknown"),
-    (["--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_mode", "clip"],
-     "--algo.advantage.is_correction_mode 'mask'"),
+    (
+        ["--algo.advantage.is_correction_level", "seq", "--algo.advantage.is_correction_mode", "clip"],
+        "--algo.advantage.is_correction_mode 'mask'",
+    ),
     (["--train.async_queue_size", "2"], "--algo.advantage.is_correction_level"),
     (["--algo.advantage.is_correction_level", "token", "--rollout.top_p", "0.9"], "top_p 1.0"),
     (["--reward.overlong_buffer_len", "16", "--reward.stop_properly_penalty_coef", "0.5"], "mutually exclusive"),
-    (["--train.force_sync_mode", "--train.async_queue_size", "2", "--algo.advantage.is_correction_level", "geo"],
-     "--train.force_sync_mode"),
+    (
+        ["--train.force_sync_mode", "--train.async_queue_size", "2", "--algo.advantage.is_correction_level", "geo"],
+        "--train.force_sync_mode",
+    ),
     (["--actor.num_gpus_per_node", "-1"], "--actor.num_gpus_per_node -1"),
     (["--algo.dynamic_filtering_enable"], "--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt"),
     (["--actor.dual_clip", "1.0"], "--actor.dual_clip must be > 1"),

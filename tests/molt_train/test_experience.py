@@ -89,9 +89,10 @@ def test_sft_mask_covers_the_assistant_reply_through_its_end_token(tiny_tokenize
     ids, mask = encode_sft(tiny_tokenizer, [{"role": "user", "content": "12+30="}], "42", max_len=128)
     reply = [i for i, m in zip(ids, mask, strict=True) if m]
     assert tiny_tokenizer.decode(reply) == "42<|im_end|>"
-    prompt = tiny_tokenizer.apply_chat_template([{"role": "user", "content": "12+30="}], add_generation_prompt=True,
-                                                tokenize=False)
-    assert tiny_tokenizer.decode(ids[:mask.index(True)]) == prompt
+    prompt = tiny_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "12+30="}], add_generation_prompt=True, tokenize=False
+    )
+    assert tiny_tokenizer.decode(ids[: mask.index(True)]) == prompt
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
@@ -107,9 +108,24 @@ def test_prepare_shapes_rewards_filters_groups_and_estimates_advantages():
     from molt_train.config import parse, reward_shaping
     from molt_train.trainer import RLTrainer
 
-    cfg = parse("rl", ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "o",
-                       "--algo.advantage.estimator", "grpo", "--rollout.n_samples_per_prompt", "2",
-                       "--algo.dynamic_filtering_enable", "--reward.stop_properly_penalty_coef", "-1"])
+    cfg = parse(
+        "rl",
+        [
+            "--env",
+            "molt/arith-v1",
+            "--actor.model_name_or_path",
+            "m",
+            "--ckpt.output_dir",
+            "o",
+            "--algo.advantage.estimator",
+            "grpo",
+            "--rollout.n_samples_per_prompt",
+            "2",
+            "--algo.dynamic_filtering_enable",
+            "--reward.stop_properly_penalty_coef",
+            "-1",
+        ],
+    )
     trainer = object.__new__(RLTrainer)  # prepare() is pure tensor work when no extra log-probs are needed
     trainer.cfg, trainer.shaping, trainer.steps_per_batch, trainer.reference = cfg, reward_shaping(cfg), 1, None
     trajs = []

@@ -14,9 +14,21 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 GSM8K = Path(__file__).resolve().parents[2] / "molt_envs" / "envs" / "data" / "gsm8k" / "train.jsonl"
-LOSS = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "eps_high": 0.2, "dual_clip": None,
-        "loss_agg_mode": "token-mean", "is_level": "off", "is_mode": "mask", "is_threshold": (0.5, 5.0),
-        "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
+LOSS = {
+    "kind": "rl",
+    "temperature": 1.0,
+    "loss_mode": "ppo",
+    "eps_low": 0.2,
+    "eps_high": 0.2,
+    "dual_clip": None,
+    "loss_agg_mode": "token-mean",
+    "is_level": "off",
+    "is_mode": "mask",
+    "is_threshold": (0.5, 5.0),
+    "kl_coef": 0.0,
+    "kl_use_loss": False,
+    "kl_estimator": "k1",
+}
 
 
 def run_worker(model_dir: str, param_dtype: str, compile_: bool, port: int, queue) -> None:
@@ -25,15 +37,30 @@ def run_worker(model_dir: str, param_dtype: str, compile_: bool, port: int, queu
     from molt_train.policy_worker import PolicyWorker
 
     # eps 1: the first Adam step is ~lr * gradient (not its sign), so bf16 noise in tiny gradients stays tiny
-    cfg = {"model_path": model_dir, "lr": 1.0, "betas": (0.9, 0.95), "eps": 1.0, "weight_decay": 0.0,
-           "max_norm": 0, "seed": 0, "warmup_steps": 0, "total_steps": 1, "trainable": True,
-           "logprob_chunk_size": 64, "gradient_checkpoint": False, "param_dtype": param_dtype, "compile": compile_}
+    cfg = {
+        "model_path": model_dir,
+        "lr": 1.0,
+        "betas": (0.9, 0.95),
+        "eps": 1.0,
+        "weight_decay": 0.0,
+        "max_norm": 0,
+        "seed": 0,
+        "warmup_steps": 0,
+        "total_steps": 1,
+        "trainable": True,
+        "logprob_chunk_size": 64,
+        "gradient_checkpoint": False,
+        "param_dtype": param_dtype,
+        "compile": compile_,
+    }
     worker = PolicyWorker(0, 1, "127.0.0.1", port, cfg)
     g = torch.Generator().manual_seed(0)
     trajs = []
     for i in range(16):  # rows of different lengths: padded micro-batches of different widths
         t = Trajectory(group_id=f"g{i // 4}", rollout_id=f"r{i}", reward=float(i % 2))
-        t.append_observation(torch.randint(5, 1000, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist())
+        t.append_observation(
+            torch.randint(5, 1000, (int(torch.randint(8, 40, (1,), generator=g)),), generator=g).tolist()
+        )
         n = int(torch.randint(4, 60, (1,), generator=g))
         t.append_action(torch.randint(5, 1000, (n,), generator=g).tolist(), [-7.0] * n)
         trajs.append(t)
@@ -46,8 +73,14 @@ def run_worker(model_dir: str, param_dtype: str, compile_: bool, port: int, queu
     masked = [lp[mb["action_mask"]] for lp, mb in zip(logps, micros, strict=True)]
     moved = [(a - b)[mb["action_mask"]] for a, b, mb in zip(after, logps, micros, strict=True)]
     # plain lists: a tensor would travel as a file descriptor that dies with this process
-    queue.put({"logp": torch.cat(masked).tolist(), "moved": torch.cat(moved).tolist(), "grad_norm": result["grad_norm"],
-               "param_dtype": str(worker.optimizer.param_groups[0]["params"][0].dtype)})
+    queue.put(
+        {
+            "logp": torch.cat(masked).tolist(),
+            "moved": torch.cat(moved).tolist(),
+            "grad_norm": result["grad_norm"],
+            "param_dtype": str(worker.optimizer.param_groups[0]["params"][0].dtype),
+        }
+    )
     worker.shutdown()
 
 

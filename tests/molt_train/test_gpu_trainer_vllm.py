@@ -32,28 +32,63 @@ def model_dir(tmp_path_factory) -> str:
 
     rows = [json.loads(line) for line in GSM8K.read_text().splitlines()[:2000]]
     tok = train_tokenizer([r["question"] + " " + r["answer"] for r in rows], vocab_size=1024)
-    model = build_tiny_model(tok, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512,
-                             max_positions=2048)
+    model = build_tiny_model(
+        tok, hidden_size=256, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=512, max_positions=2048
+    )
     return str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny")))
 
 
 def run_cli(model: str, out: Path, *extra: str, placement: tuple[str, ...] = COLOCATED) -> list[dict[str, float]]:
-    cmd = [sys.executable, "-m", "molt_train.cli", "rl", "--env", "molt/gsm8k-v1", "--actor.model_name_or_path",
-           model, "--rollout.engine", "vllm", *placement, "--rollout.n_samples_per_prompt", "8", "--algo.advantage.estimator", "grpo", "--rollout.batch_size", "4",
-           "--rollout.max_new_tokens", "64", "--data.max_len", "1024", "--train.num_steps", "3",
-           "--eval.max_samples", "8", "--vllm.enforce_eager", "--actor.adam.lr", "1e-4", "--ray.num_cpus", "8",
-           "--ckpt.output_dir", str(out), "--no-logger.progress", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "molt_train.cli",
+        "rl",
+        "--env",
+        "molt/gsm8k-v1",
+        "--actor.model_name_or_path",
+        model,
+        "--rollout.engine",
+        "vllm",
+        *placement,
+        "--rollout.n_samples_per_prompt",
+        "8",
+        "--algo.advantage.estimator",
+        "grpo",
+        "--rollout.batch_size",
+        "4",
+        "--rollout.max_new_tokens",
+        "64",
+        "--data.max_len",
+        "1024",
+        "--train.num_steps",
+        "3",
+        "--eval.max_samples",
+        "8",
+        "--vllm.enforce_eager",
+        "--actor.adam.lr",
+        "1e-4",
+        "--ray.num_cpus",
+        "8",
+        "--ckpt.output_dir",
+        str(out),
+        "--no-logger.progress",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=540, env=env, cwd=REPO, start_new_session=True)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-6000:]
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("placement", [pytest.param(COLOCATED, id="colocated"),
-                                       pytest.param(DISAGGREGATED, id="disaggregated", marks=two_gpus)])
+@pytest.mark.parametrize(
+    "placement",
+    [pytest.param(COLOCATED, id="colocated"), pytest.param(DISAGGREGATED, id="disaggregated", marks=two_gpus)],
+)
 def test_three_steps_check_the_sync_and_log_bounded_mismatch(model_dir, tmp_path, placement):
-    records = run_cli(model_dir, tmp_path, "--train.force_sync_mode", "--train.check_weight_update_equal",
-                      placement=placement)
+    records = run_cli(
+        model_dir, tmp_path, "--train.force_sync_mode", "--train.check_weight_update_equal", placement=placement
+    )
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
         assert r["weight_sync/checked_params"] > 0  # a stale or unreached parameter would have stopped the run
@@ -65,22 +100,43 @@ def test_three_steps_check_the_sync_and_log_bounded_mismatch(model_dir, tmp_path
 
 
 def test_partial_rollout_syncs_under_requests_in_flight(model_dir, tmp_path):
-    records = run_cli(model_dir, tmp_path, "--train.partial_rollout_enable", "--rollout.max_new_tokens", "256",
-                      "--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "trunc")
+    records = run_cli(
+        model_dir,
+        tmp_path,
+        "--train.partial_rollout_enable",
+        "--rollout.max_new_tokens",
+        "256",
+        "--algo.advantage.is_correction_level",
+        "token",
+        "--algo.advantage.is_correction_mode",
+        "trunc",
+    )
     assert [r["step"] for r in records] == [1, 2, 3]
-    assert all("weight_sync/paused_rollouts" in r and "is_filter_ratio" in r and set(MISMATCH) <= set(r)
-               for r in records)
+    assert all(
+        "weight_sync/paused_rollouts" in r and "is_filter_ratio" in r and set(MISMATCH) <= set(r) for r in records
+    )
 
 
 @two_gpus
 def test_disaggregated_async_queue_overlaps_rollout_and_training(model_dir, tmp_path):
-    records = run_cli(model_dir, tmp_path, "--train.async_queue_size", "2", "--algo.advantage.is_correction_level",
-                      "token", "--algo.advantage.is_correction_mode", "trunc", placement=DISAGGREGATED)
+    records = run_cli(
+        model_dir,
+        tmp_path,
+        "--train.async_queue_size",
+        "2",
+        "--algo.advantage.is_correction_level",
+        "token",
+        "--algo.advantage.is_correction_mode",
+        "trunc",
+        placement=DISAGGREGATED,
+    )
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["weight_sync/bytes"] > 0 and set(MISMATCH) <= set(r) for r in records)
     # a batch generated while the trainer trained the one before: rollout k+1 starts before training k ends
-    assert any(later["timing/rollout_start"] < earlier["timing/train_end"]
-               for earlier, later in zip(records, records[1:], strict=False))
+    assert any(
+        later["timing/rollout_start"] < earlier["timing/train_end"]
+        for earlier, later in zip(records, records[1:], strict=False)
+    )
 
 
 @two_gpus
@@ -89,8 +145,16 @@ def test_two_way_fsdp2_with_colocated_vllm_matches_one_gpu(model_dir, tmp_path):
     seed, same engine: the same rollouts, so the update must match the one-rank run's. Truncated answers are
     penalised so that groups differ in reward and the update is not zero. fp32 compute: this compares sharding,
     and bf16 rounding differs with how the rows are split into micro-batches."""
-    flags = ("--train.force_sync_mode", "--train.check_weight_update_equal", "--train.num_steps", "2",
-             "--reward.stop_properly_penalty_coef", "-1.0", "--actor.param_dtype", "float32")
+    flags = (
+        "--train.force_sync_mode",
+        "--train.check_weight_update_equal",
+        "--train.num_steps",
+        "2",
+        "--reward.stop_properly_penalty_coef",
+        "-1.0",
+        "--actor.param_dtype",
+        "float32",
+    )
     one = run_cli(model_dir, tmp_path / "one", *flags)
     two = run_cli(model_dir, tmp_path / "two", *flags, placement=COLOCATED + ("--actor.num_gpus_per_node", "2"))
     for a, b in zip(one, two, strict=True):

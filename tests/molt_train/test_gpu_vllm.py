@@ -11,8 +11,7 @@ import asyncio
 import pytest
 import torch
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 vllm = pytest.importorskip("vllm")
 
 from molt_envs import SamplingParams  # noqa: E402
@@ -38,8 +37,10 @@ def colocated(request, tmp_path_factory):
     loop = asyncio.new_event_loop()
 
     async def start() -> VLLMEngine:
-        return VLLMEngine(path, VLLMOptions(gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=512,
-                                            num_engines=request.param))
+        return VLLMEngine(
+            path,
+            VLLMOptions(gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=512, num_engines=request.param),
+        )
 
     engine = loop.run_until_complete(start())
     policy = model.cuda()
@@ -62,9 +63,14 @@ def rl_step(loop, engine, policy, tok, optim, step: int) -> dict[str, float]:
     rows = [(i, j) for i in range(4) for j in range(4)]
 
     async def generate():
-        return await asyncio.gather(*[engine.generate(prompts[i], SamplingParams(max_tokens=24, stop_token_ids=[],
-                                                                                  seed=step * 100 + 10 * i + j))
-                                      for i, j in rows])
+        return await asyncio.gather(
+            *[
+                engine.generate(
+                    prompts[i], SamplingParams(max_tokens=24, stop_token_ids=[], seed=step * 100 + 10 * i + j)
+                )
+                for i, j in rows
+            ]
+        )
 
     gens = loop.run_until_complete(generate())
     width = max(len(prompts[i]) + len(g.token_ids) for (i, _), g in zip(rows, gens, strict=True))
@@ -74,9 +80,9 @@ def rl_step(loop, engine, policy, tok, optim, step: int) -> dict[str, float]:
     rollout = torch.zeros((len(rows), width - 1))
     for r, ((i, _), g) in enumerate(zip(rows, gens, strict=True)):
         seq = prompts[i] + g.token_ids
-        ids[r, :len(seq)], attn[r, :len(seq)] = torch.tensor(seq), 1
-        mask[r, len(prompts[i]) - 1:len(seq) - 1] = True
-        rollout[r, len(prompts[i]) - 1:len(seq) - 1] = torch.tensor(g.log_probs)
+        ids[r, : len(seq)], attn[r, : len(seq)] = torch.tensor(seq), 1
+        mask[r, len(prompts[i]) - 1 : len(seq) - 1] = True
+        rollout[r, len(prompts[i]) - 1 : len(seq) - 1] = torch.tensor(g.log_probs)
     ids, attn, mask, rollout = ids.cuda(), attn.cuda(), mask.cuda(), rollout.cuda()
     lp = LogProbModel(policy, chunk_size=256)
     with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
@@ -84,8 +90,9 @@ def rl_step(loop, engine, policy, tok, optim, step: int) -> dict[str, float]:
     metrics = {k: float(v) for k, v in mismatch_metrics(logp_old, rollout, mask).items()}
 
     rewards = torch.tensor([sum(t % 2 == 0 for t in g.token_ids) / len(g.token_ids) for g in gens]).cuda()
-    adv, _ = get_estimator("grpo")(AdvantageInputs(rewards, mask, [str(i) for i, _ in rows],
-                                                   [f"{i}:{j}" for i, j in rows]))
+    adv, _ = get_estimator("grpo")(
+        AdvantageInputs(rewards, mask, [str(i) for i, _ in rows], [f"{i}:{j}" for i, j in rows])
+    )
     with torch.autocast("cuda", dtype=torch.bfloat16):
         logp = lp(ids, attn).float()
     loss_tokens, _ = ppo_loss(logp, logp_old, adv, mask)
@@ -131,8 +138,10 @@ def test_partial_rollout_requests_continue_across_a_sync(colocated):
 
     async def scenario():
         prompt = tok.encode("what is 1 plus 2?")
-        tasks = [asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=400, stop_token_ids=[],
-                                                                              seed=i))) for i in range(16)]
+        tasks = [
+            asyncio.create_task(engine.generate(prompt, SamplingParams(max_tokens=400, stop_token_ids=[], seed=i)))
+            for i in range(16)
+        ]
         await asyncio.sleep(0.3)
         with torch.no_grad():
             policy.model.norm.weight.mul_(0.9)
@@ -157,8 +166,10 @@ def test_trainer_checkpoint_loads_in_vllm_and_survives_sleep_wake(colocated, tmp
     save_tiny(policy, tok, tmp_path)  # the trainer's HF export format
 
     async def scenario():
-        engine = VLLMEngine(str(tmp_path), VLLMOptions(gpu_memory_utilization=0.15, enforce_eager=True,
-                                                       max_model_len=512, enable_sleep=True))
+        engine = VLLMEngine(
+            str(tmp_path),
+            VLLMOptions(gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=512, enable_sleep=True),
+        )
         try:
             loaded = await engine.check_weight_update_equal(weights(policy))
             await engine.sleep(1)

@@ -18,9 +18,9 @@ def group_batch(prompts: list[list[int]], completions: list[list[list[int]]]):
     mask = torch.zeros((len(rows), width), dtype=torch.long)
     action = torch.zeros((len(rows), width), dtype=torch.bool)
     for i, (p, c) in enumerate(rows):
-        ids[i, :len(p) + len(c)] = torch.tensor(p + c)
-        mask[i, :len(p) + len(c)] = 1
-        action[i, len(p):len(p) + len(c)] = True
+        ids[i, : len(p) + len(c)] = torch.tensor(p + c)
+        mask[i, : len(p) + len(c)] = 1
+        action[i, len(p) : len(p) + len(c)] = True
     return ids, mask, action[:, 1:]
 
 
@@ -36,8 +36,10 @@ def test_shared_prefixes_give_the_plain_forwards_logprobs_and_gradients(tiny_mod
     model = LogProbModel(copy.deepcopy(tiny_model).float(), chunk_size, share_prefixes=True)
     prompts = [tiny_tokenizer.encode(t) for t in ("Janet has 3 ducks and", "7", "How many eggs does she sell")]
     gen = torch.Generator().manual_seed(0)
-    completions = [[torch.randint(5, 200, (int(n),), generator=gen).tolist() for n in torch.randint(1, 6, (4,), generator=gen)]
-                   for _ in prompts]
+    completions = [
+        [torch.randint(5, 200, (int(n),), generator=gen).tolist() for n in torch.randint(1, 6, (4,), generator=gen)]
+        for _ in prompts
+    ]
     ids, mask, action = group_batch(prompts, completions)
     plain, plain_grads = logp_and_grads(model, ids, mask, action, share=False)
     calls = []

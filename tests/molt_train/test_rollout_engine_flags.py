@@ -18,8 +18,17 @@ import torch
 from molt_train.config import parse, vllm_options
 
 BASE = ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "out"]
-VLLM = ["--rollout.engine", "vllm", "--train.colocate_all", "--vllm.gpu_memory_utilization", "0.35",
-        "--rollout.n_samples_per_prompt", "8", "--algo.advantage.estimator", "grpo"]
+VLLM = [
+    "--rollout.engine",
+    "vllm",
+    "--train.colocate_all",
+    "--vllm.gpu_memory_utilization",
+    "0.35",
+    "--rollout.n_samples_per_prompt",
+    "8",
+    "--algo.advantage.estimator",
+    "grpo",
+]
 AGENTS = Path(__file__).parent / "agents"
 
 
@@ -36,8 +45,19 @@ def missing(monkeypatch, name: str) -> None:
 
 def test_the_issue_command_line_parses_into_engine_options(monkeypatch):
     importable(monkeypatch, "vllm")
-    cfg = parse("rl", BASE + VLLM + ["--vllm.enforce_eager", "--vllm.max_num_seqs", "64",
-                                     "--train.check_weight_update_equal", "--train.seed", "7"])
+    cfg = parse(
+        "rl",
+        BASE
+        + VLLM
+        + [
+            "--vllm.enforce_eager",
+            "--vllm.max_num_seqs",
+            "64",
+            "--train.check_weight_update_equal",
+            "--train.seed",
+            "7",
+        ],
+    )
     assert cfg.rollout.engine == "vllm" and cfg.train.colocate_all and cfg.train.check_weight_update_equal
     assert cfg.train.partial_rollout_enable is False and cfg.actor.backend == "hf"
     options = vllm_options(cfg)
@@ -53,17 +73,40 @@ def test_defaults_keep_the_cpu_path():
 
 def test_partial_rollout_with_is_correction_is_accepted(monkeypatch):
     importable(monkeypatch, "vllm")
-    cfg = parse("rl", BASE + VLLM + ["--train.partial_rollout_enable", "--algo.advantage.is_correction_level",
-                                     "token", "--algo.advantage.is_correction_mode", "trunc"])
+    cfg = parse(
+        "rl",
+        BASE
+        + VLLM
+        + [
+            "--train.partial_rollout_enable",
+            "--algo.advantage.is_correction_level",
+            "token",
+            "--algo.advantage.is_correction_mode",
+            "trunc",
+        ],
+    )
     assert cfg.train.partial_rollout_enable
 
 
 def test_disaggregated_placement_parses(monkeypatch):
     """Issue 8's command line: vLLM on a GPU of its own, two trainer GPUs (one FSDP2 rank each), NCCL sync."""
     importable(monkeypatch, "vllm")
-    cfg = parse("rl", BASE + VLLM[:2] + VLLM[3:] + ["--vllm.num_engines", "1", "--actor.num_gpus_per_node", "2",
-                                                   "--train.async_queue_size", "2", "--algo.advantage.is_correction_level",
-                                                   "token"])
+    cfg = parse(
+        "rl",
+        BASE
+        + VLLM[:2]
+        + VLLM[3:]
+        + [
+            "--vllm.num_engines",
+            "1",
+            "--actor.num_gpus_per_node",
+            "2",
+            "--train.async_queue_size",
+            "2",
+            "--algo.advantage.is_correction_level",
+            "token",
+        ],
+    )
     assert not cfg.train.colocate_all and cfg.actor.num_workers == 2 and vllm_options(cfg).num_engines == 1
     two_way = parse("rl", BASE + VLLM + ["--actor.num_gpus_per_node", "2"])  # 2-way FSDP2, vLLM on rank 0's GPU
     assert two_way.train.colocate_all and two_way.actor.num_workers == 2
@@ -85,8 +128,11 @@ REFUSED = [
     (VLLM + ["--vllm.max_model_len", "512"], "--vllm.max_model_len 512 is shorter than --data.max_len 1024"),
     (VLLM + ["--vllm.enable_sleep"], "add --train.force_sync_mode"),
     (VLLM + ["--train.partial_rollout_enable"], "--train.partial_rollout_enable=True) trains on off-policy"),
-    (VLLM + ["--train.partial_rollout_enable", "--train.force_sync_mode", "--algo.advantage.is_correction_level",
-             "geo"], "--train.force_sync_mode forbids"),
+    (
+        VLLM
+        + ["--train.partial_rollout_enable", "--train.force_sync_mode", "--algo.advantage.is_correction_level", "geo"],
+        "--train.force_sync_mode forbids",
+    ),
     (["--train.partial_rollout_enable", "--algo.advantage.is_correction_level", "geo"], "add --rollout.engine vllm"),
     (["--rollout.engine", "sglang"], "--rollout.engine 'sglang' is unknown"),
     (["--actor.backend", "megatron"], "--actor.backend 'megatron' is unknown"),
@@ -130,6 +176,7 @@ def test_automodel_when_importable_reaches_the_worker_config(monkeypatch):
 
 # -- the rollout worker on a real tiny model (hf engine) --
 
+
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
     from molt_train.models.tiny import build_tiny_model, save_tiny, train_tokenizer
@@ -141,10 +188,14 @@ def tiny_path(tmp_path_factory):
 def worker(path: str):
     from molt_train.rollout import RolloutWorker
 
-    w = RolloutWorker(path, env_id=None, agent_path=str(AGENTS / "segmented_arith.py"), max_len=64, timeout_s=60,
-                      max_batch_size=64)
-    w.set_prompts([{"prompt": [{"role": "user", "content": f"{i}+1="}], "label": str(i + 1)} for i in range(4)],
-                  batch_size=4, seed=0)
+    w = RolloutWorker(
+        path, env_id=None, agent_path=str(AGENTS / "segmented_arith.py"), max_len=64, timeout_s=60, max_batch_size=64
+    )
+    w.set_prompts(
+        [{"prompt": [{"role": "user", "content": f"{i}+1="}], "label": str(i + 1)} for i in range(4)],
+        batch_size=4,
+        seed=0,
+    )
     return w
 
 

@@ -30,10 +30,29 @@ def sft_run(ray_local, tmp_path_factory):
     from molt_train import sft_cli
 
     out = tmp_path_factory.mktemp("sft")
-    rc = sft_cli.main(["--env", "molt/arith-v1", "--model.config", "tiny", "--model.hidden_size", "32",
-                       "--ckpt.output_dir", str(out), "--train.num_steps", "15", "--train.batch_size", "32",
-                       "--actor.adam.lr", "3e-3", "--eval.max_samples", "16", "--rollout.max_new_tokens", "4",
-                       "--no-logger.progress"])
+    rc = sft_cli.main(
+        [
+            "--env",
+            "molt/arith-v1",
+            "--model.config",
+            "tiny",
+            "--model.hidden_size",
+            "32",
+            "--ckpt.output_dir",
+            str(out),
+            "--train.num_steps",
+            "15",
+            "--train.batch_size",
+            "32",
+            "--actor.adam.lr",
+            "3e-3",
+            "--eval.max_samples",
+            "16",
+            "--rollout.max_new_tokens",
+            "4",
+            "--no-logger.progress",
+        ]
+    )
     assert rc == 0
     return out
 
@@ -71,14 +90,45 @@ def test_two_fsdp_workers_give_the_same_update_as_one(sft_run, agg_mode):
     from molt_train.trainer import train_window, worker_cfg
 
     # Adam with eps 1 makes the step ~ lr * grad (linear), so tiny float differences stay tiny after the update
-    cfg = parse("rl", ["--env", "molt/arith-v1", "--actor.model_name_or_path", str(sft_run / "hf"),
-                       "--ckpt.output_dir", "unused", "--actor.adam.lr", "1.0", "--actor.adam.eps", "1.0",
-                       "--actor.max_norm", "0", "--train.max_tokens_per_gpu", "40", "--actor.loss_agg_mode", agg_mode,
-                       "--actor.logprob_chunk_size", "16"])
+    cfg = parse(
+        "rl",
+        [
+            "--env",
+            "molt/arith-v1",
+            "--actor.model_name_or_path",
+            str(sft_run / "hf"),
+            "--ckpt.output_dir",
+            "unused",
+            "--actor.adam.lr",
+            "1.0",
+            "--actor.adam.eps",
+            "1.0",
+            "--actor.max_norm",
+            "0",
+            "--train.max_tokens_per_gpu",
+            "40",
+            "--actor.loss_agg_mode",
+            agg_mode,
+            "--actor.logprob_chunk_size",
+            "16",
+        ],
+    )
     exp = synthetic_experience(sft_run / "hf")
-    loss_cfg = {"kind": "rl", "temperature": 1.0, "loss_mode": "ppo", "eps_low": 0.2, "eps_high": 0.2,
-                "dual_clip": None, "loss_agg_mode": agg_mode, "is_level": "off", "is_mode": "mask",
-                "is_threshold": (0.5, 5.0), "kl_coef": 0.0, "kl_use_loss": False, "kl_estimator": "k1"}
+    loss_cfg = {
+        "kind": "rl",
+        "temperature": 1.0,
+        "loss_mode": "ppo",
+        "eps_low": 0.2,
+        "eps_high": 0.2,
+        "dual_clip": None,
+        "loss_agg_mode": agg_mode,
+        "is_level": "off",
+        "is_mode": "mask",
+        "is_threshold": (0.5, 5.0),
+        "kl_coef": 0.0,
+        "kl_use_loss": False,
+        "kl_estimator": "k1",
+    }
     states, metrics = [], []
     for workers in (1, 2):
         group = WorkerGroup(workers, worker_cfg(cfg, str(sft_run / "hf"), total_steps=1))
@@ -96,10 +146,25 @@ def test_two_fsdp_workers_give_the_same_update_as_one(sft_run, agg_mode):
         torch.testing.assert_close(states[1][key], states[0][key], atol=2e-5, rtol=1e-4, msg=key)
 
 
-RL_FLAGS = ["--env", "molt/arith-v1", "--train.agent_path", str(AGENTS / "flaky_arith.py"),
-            "--rollout.batch_size", "8", "--rollout.n_samples_per_prompt", "4", "--algo.advantage.estimator", "grpo",
-            "--rollout.max_new_tokens", "4", "--eval.max_samples", "16", "--actor.adam.lr", "1e-3",
-            "--no-logger.progress"]
+RL_FLAGS = [
+    "--env",
+    "molt/arith-v1",
+    "--train.agent_path",
+    str(AGENTS / "flaky_arith.py"),
+    "--rollout.batch_size",
+    "8",
+    "--rollout.n_samples_per_prompt",
+    "4",
+    "--algo.advantage.estimator",
+    "grpo",
+    "--rollout.max_new_tokens",
+    "4",
+    "--eval.max_samples",
+    "16",
+    "--actor.adam.lr",
+    "1e-3",
+    "--no-logger.progress",
+]
 
 
 @pytest.fixture(scope="module")
@@ -107,10 +172,27 @@ def rl_run(sft_run, tmp_path_factory):
     from molt_train.trainer import RLTrainer
 
     out = tmp_path_factory.mktemp("rl")
-    cfg = parse("rl", RL_FLAGS + ["--actor.model_name_or_path", str(sft_run / "hf"), "--ckpt.output_dir", str(out),
-                                  "--train.num_steps", "4", "--ckpt.save_steps", "2", "--actor.num_workers", "2",
-                                  "--algo.advantage.is_correction_level", "geo",
-                                  "--algo.advantage.is_correction_threshold", "0.2", "5"])
+    cfg = parse(
+        "rl",
+        RL_FLAGS
+        + [
+            "--actor.model_name_or_path",
+            str(sft_run / "hf"),
+            "--ckpt.output_dir",
+            str(out),
+            "--train.num_steps",
+            "4",
+            "--ckpt.save_steps",
+            "2",
+            "--actor.num_workers",
+            "2",
+            "--algo.advantage.is_correction_level",
+            "geo",
+            "--algo.advantage.is_correction_threshold",
+            "0.2",
+            "5",
+        ],
+    )
     trainer = RLTrainer(cfg)
     trainer.run()
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -133,19 +215,38 @@ def test_failed_episodes_are_dropped_counted_and_the_run_goes_on(rl_run):
 
 def test_rollout_of_the_next_step_overlaps_training(rl_run):
     _, _, records = rl_run
-    overlaps = [records[k + 1]["timing/rollout_start"] < records[k]["timing/train_end"]
-                for k in range(len(records) - 1)]
+    overlaps = [
+        records[k + 1]["timing/rollout_start"] < records[k]["timing/train_end"] for k in range(len(records) - 1)
+    ]
     assert all(overlaps), overlaps
 
 
 def test_force_sync_mode_waits_for_the_weight_sync(sft_run, tmp_path):
     from molt_train.trainer import RLTrainer
 
-    cfg = parse("rl", RL_FLAGS + ["--actor.model_name_or_path", str(sft_run / "hf"), "--ckpt.output_dir",
-                                  str(tmp_path), "--train.num_steps", "3", "--train.force_sync_mode",
-                                  "--eval.max_samples", "4", "--algo.kl.init_coef", "0.01", "--algo.kl.ref", "model",
-                                  "--algo.kl.use_loss", "--algo.kl.estimator", "k3",
-                                  "--train.check_weight_update_equal"])
+    cfg = parse(
+        "rl",
+        RL_FLAGS
+        + [
+            "--actor.model_name_or_path",
+            str(sft_run / "hf"),
+            "--ckpt.output_dir",
+            str(tmp_path),
+            "--train.num_steps",
+            "3",
+            "--train.force_sync_mode",
+            "--eval.max_samples",
+            "4",
+            "--algo.kl.init_coef",
+            "0.01",
+            "--algo.kl.ref",
+            "model",
+            "--algo.kl.use_loss",
+            "--algo.kl.estimator",
+            "k3",
+            "--train.check_weight_update_equal",
+        ],
+    )
     trainer = RLTrainer(cfg)
     try:
         trainer.run()
@@ -214,10 +315,35 @@ def test_sigkill_mid_training_then_resume_loses_at_most_one_step(sft_run, tmp_pa
     from molt_train import checkpoint
 
     out = tmp_path / "rl"
-    cmd = [sys.executable, "-m", "molt_train.cli", "rl", "--env", "molt/arith-v1", "--rollout.batch_size", "8",
-           "--rollout.n_samples_per_prompt", "4", "--algo.advantage.estimator", "rloo", "--rollout.max_new_tokens", "4",
-           "--eval.max_samples", "8", "--actor.model_name_or_path", str(sft_run / "hf"), "--ckpt.output_dir", str(out),
-           "--train.num_steps", "7", "--ckpt.save_steps", "1", "--ray.num_cpus", "2", "--no-logger.progress"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "molt_train.cli",
+        "rl",
+        "--env",
+        "molt/arith-v1",
+        "--rollout.batch_size",
+        "8",
+        "--rollout.n_samples_per_prompt",
+        "4",
+        "--algo.advantage.estimator",
+        "rloo",
+        "--rollout.max_new_tokens",
+        "4",
+        "--eval.max_samples",
+        "8",
+        "--actor.model_name_or_path",
+        str(sft_run / "hf"),
+        "--ckpt.output_dir",
+        str(out),
+        "--train.num_steps",
+        "7",
+        "--ckpt.save_steps",
+        "1",
+        "--ray.num_cpus",
+        "2",
+        "--no-logger.progress",
+    ]
     metrics = out / "metrics.jsonl"
 
     def logged_steps() -> list[int]:
@@ -241,8 +367,9 @@ def test_sigkill_mid_training_then_resume_loses_at_most_one_step(sft_run, tmp_pa
     assert last_done - resumed <= 1
     assert last_done < 7
 
-    second = subprocess.run(cmd + ["--ckpt.load_enable"], capture_output=True, text=True, timeout=300,
-                            start_new_session=True)
+    second = subprocess.run(
+        cmd + ["--ckpt.load_enable"], capture_output=True, text=True, timeout=300, start_new_session=True
+    )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert f"resumed from step {resumed}" in second.stdout
     assert sorted(set(logged_steps())) == list(range(1, 8))
@@ -253,10 +380,19 @@ async def test_segment_lists_share_a_rollout_and_count_once_in_the_group_baselin
     from molt_train.algorithms import AdvantageInputs, get_estimator
     from molt_train.rollout import RolloutWorker
 
-    worker = RolloutWorker(str(sft_run / "hf"), env_id=None, agent_path=str(AGENTS / "segmented_arith.py"),
-                           max_len=64, timeout_s=60, max_batch_size=64)
-    worker.set_prompts([{"prompt": [{"role": "user", "content": f"{i}+1="}], "label": str(i + 1)} for i in range(6)],
-                       batch_size=3, seed=0)
+    worker = RolloutWorker(
+        str(sft_run / "hf"),
+        env_id=None,
+        agent_path=str(AGENTS / "segmented_arith.py"),
+        max_len=64,
+        timeout_s=60,
+        max_batch_size=64,
+    )
+    worker.set_prompts(
+        [{"prompt": [{"role": "user", "content": f"{i}+1="}], "label": str(i + 1)} for i in range(6)],
+        batch_size=3,
+        seed=0,
+    )
     batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=4, seed=0)
     trajs = batch["trajectories"]
     assert len(trajs) == 2 * 12 and batch["num_rollouts"] == 12
@@ -275,8 +411,23 @@ def test_jsonl_prompt_dataset_overrides_the_env_split(tmp_path):
 
     data = tmp_path / "prompts.jsonl"
     data.write_text('{"q": "2+2=", "a": "4"}\n{"q": "3+4=", "a": "7"}\n')
-    cfg = parse("rl", ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "o",
-                       "--data.prompt_dataset", str(data), "--data.input_key", "q", "--data.label_key", "a"])
+    cfg = parse(
+        "rl",
+        [
+            "--env",
+            "molt/arith-v1",
+            "--actor.model_name_or_path",
+            "m",
+            "--ckpt.output_dir",
+            "o",
+            "--data.prompt_dataset",
+            str(data),
+            "--data.input_key",
+            "q",
+            "--data.label_key",
+            "a",
+        ],
+    )
     rows = load_rows(cfg)
     assert rows[1] == {"prompt": [{"role": "user", "content": "3+4="}], "label": "7", "reference": None}
     assert load_rows(cfg, "test")[0]["prompt"][-1]["content"].endswith("=")  # eval still reads the env's split
@@ -289,10 +440,19 @@ async def test_chat_agent_rollouts_become_trainable_rows(sft_run):
     from molt_envs.chat_runner import close_session_servers
     from molt_train.rollout import RolloutWorker
 
-    worker = RolloutWorker(str(sft_run / "hf"), env_id=None, agent_path=str(AGENTS / "chat_arith.py"),
-                           max_len=64, timeout_s=60, max_batch_size=64)
-    worker.set_prompts([{"prompt": [{"role": "user", "content": f"{i}+2="}], "label": str(i + 2)} for i in range(4)],
-                       batch_size=2, seed=0)
+    worker = RolloutWorker(
+        str(sft_run / "hf"),
+        env_id=None,
+        agent_path=str(AGENTS / "chat_arith.py"),
+        max_len=64,
+        timeout_s=60,
+        max_batch_size=64,
+    )
+    worker.set_prompts(
+        [{"prompt": [{"role": "user", "content": f"{i}+2="}], "label": str(i + 2)} for i in range(4)],
+        batch_size=2,
+        seed=0,
+    )
     try:
         batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=2, seed=0)
     finally:
@@ -303,15 +463,22 @@ async def test_chat_agent_rollouts_become_trainable_rows(sft_run):
     exp = make_experience(trajs, 64, 0)
     assert (exp.action_mask.sum(1) > 0).all()
     for t, mask, logp in zip(trajs, exp.action_mask, exp.rollout_logp, strict=True):
-        assert torch.allclose(logp[mask], torch.tensor([t.log_probs[i] for i in range(1, len(t.token_ids))
-                                                        if t.action_mask()[i]]))
+        assert torch.allclose(
+            logp[mask], torch.tensor([t.log_probs[i] for i in range(1, len(t.token_ids)) if t.action_mask()[i]])
+        )
 
 
 async def test_timeouts_and_raising_runners_are_dropped_by_reason(sft_run):
     from molt_train.rollout import RolloutWorker
 
-    worker = RolloutWorker(str(sft_run / "hf"), env_id=None, agent_path=str(AGENTS / "misbehaving.py"),
-                           max_len=64, timeout_s=1.0, max_batch_size=64)
+    worker = RolloutWorker(
+        str(sft_run / "hf"),
+        env_id=None,
+        agent_path=str(AGENTS / "misbehaving.py"),
+        max_len=64,
+        timeout_s=1.0,
+        max_batch_size=64,
+    )
     prompts = ["hang", "raise", "1+1="]
     worker.set_prompts([{"prompt": [{"role": "user", "content": p}], "label": "2"} for p in prompts], 3, seed=0)
     batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=2, seed=0)
@@ -323,10 +490,30 @@ def test_one_rl_step_through_the_registered_chat_agent(sft_run, tmp_path):
     """`molt/chat-gsm8k-v1` (stock OpenAI SDK against the session server) feeds a real RL step."""
     from molt_train.trainer import RLTrainer
 
-    cfg = parse("rl", ["--env", "molt/chat-gsm8k-v1", "--actor.model_name_or_path", str(sft_run / "hf"),
-                       "--ckpt.output_dir", str(tmp_path), "--train.num_steps", "1", "--rollout.batch_size", "2",
-                       "--rollout.n_samples_per_prompt", "2", "--algo.advantage.estimator", "grpo",
-                       "--rollout.max_new_tokens", "8", "--eval.max_samples", "2", "--no-logger.progress"])
+    cfg = parse(
+        "rl",
+        [
+            "--env",
+            "molt/chat-gsm8k-v1",
+            "--actor.model_name_or_path",
+            str(sft_run / "hf"),
+            "--ckpt.output_dir",
+            str(tmp_path),
+            "--train.num_steps",
+            "1",
+            "--rollout.batch_size",
+            "2",
+            "--rollout.n_samples_per_prompt",
+            "2",
+            "--algo.advantage.estimator",
+            "grpo",
+            "--rollout.max_new_tokens",
+            "8",
+            "--eval.max_samples",
+            "2",
+            "--no-logger.progress",
+        ],
+    )
     trainer = RLTrainer(cfg)
     try:
         trainer.run()

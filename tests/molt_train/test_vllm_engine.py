@@ -54,8 +54,15 @@ def test_engine_kwargs_pin_logprob_mode_worker_extension_and_generation_config()
 
 
 def test_engine_kwargs_pass_scaling_knobs_through():
-    kw = VLLMOptions(tensor_parallel_size=2, data_parallel_size=4, enforce_eager=True, max_num_batched_tokens=32768,
-                     mtp_num_speculative_tokens=1, enable_sleep=True, dtype="float16").engine_kwargs("/m")
+    kw = VLLMOptions(
+        tensor_parallel_size=2,
+        data_parallel_size=4,
+        enforce_eager=True,
+        max_num_batched_tokens=32768,
+        mtp_num_speculative_tokens=1,
+        enable_sleep=True,
+        dtype="float16",
+    ).engine_kwargs("/m")
     assert (kw["tensor_parallel_size"], kw["data_parallel_size"]) == (2, 4)
     assert kw["enforce_eager"] is True and kw["max_num_batched_tokens"] == 32768 and kw["dtype"] == "float16"
     assert kw["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
@@ -63,17 +70,22 @@ def test_engine_kwargs_pass_scaling_knobs_through():
 
 
 def test_cuda_graphs_cover_a_full_decode_batch_above_vllms_512_default():
-    assert VLLMOptions(max_num_seqs=1024).engine_kwargs("/m")["compilation_config"] == {"max_cudagraph_capture_size": 1024}
+    assert VLLMOptions(max_num_seqs=1024).engine_kwargs("/m")["compilation_config"] == {
+        "max_cudagraph_capture_size": 1024
+    }
     assert "compilation_config" not in VLLMOptions(max_num_seqs=256).engine_kwargs("/m")  # vLLM's default covers it
     assert "compilation_config" not in VLLMOptions(max_num_seqs=1024, enforce_eager=True).engine_kwargs("/m")
 
 
-@pytest.mark.parametrize(("kwargs", "message"), [
-    ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
-    ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in"),
-    ({"mtp_num_speculative_tokens": 1, "enable_prefix_caching": True}, "cannot be combined"),
-    ({"dtype": "fp8"}, "--vllm.dtype must be"),
-])
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in"),
+        ({"mtp_num_speculative_tokens": 1, "enable_prefix_caching": True}, "cannot be combined"),
+        ({"dtype": "fp8"}, "--vllm.dtype must be"),
+    ],
+)
 def test_bad_options_are_refused_naming_the_flag(kwargs, message):
     with pytest.raises(ValueError, match=message):
         VLLMOptions(**kwargs)
@@ -92,8 +104,10 @@ def test_flags_table_matches_the_options():
 
 
 def test_sampling_kwargs_pin_the_whole_set():
-    kw = sampling_kwargs(SamplingParams(temperature=0.7, top_p=0.9, top_k=-1, max_tokens=12, min_tokens=2, seed=5),
-                         default_stop_ids=[7, 9])
+    kw = sampling_kwargs(
+        SamplingParams(temperature=0.7, top_p=0.9, top_k=-1, max_tokens=12, min_tokens=2, seed=5),
+        default_stop_ids=[7, 9],
+    )
     assert kw["stop_token_ids"] == [7, 9] and kw["ignore_eos"] is True
     assert kw["top_k"] == 0 and kw["min_p"] == 0.0 and kw["repetition_penalty"] == 1.0
     assert kw["presence_penalty"] == 0.0 and kw["frequency_penalty"] == 0.0
@@ -144,7 +158,9 @@ def test_pack_then_unpack_gives_back_every_tensor_bitwise():
     assert [n for n, _ in got] == [n for n, _ in named]
     for (_, want), (_, have) in zip(named, got, strict=True):
         assert have.dtype == want.dtype and have.shape == want.shape
-        assert torch.equal(have.view(torch.uint8) if have.dim() else have, want.view(torch.uint8) if want.dim() else want)
+        assert torch.equal(
+            have.view(torch.uint8) if have.dim() else have, want.view(torch.uint8) if want.dim() else want
+        )
 
 
 def test_buckets_respect_the_size_limit_and_alignment():

@@ -119,8 +119,10 @@ async def test_persistent_repl_session():
         assert r.stdout == "None\n"
 
 
-OPEN_FDS = "import os\nfds = []\nfor fd in range(256):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n" \
-           "    except OSError:\n        pass\nprint(fds)"
+OPEN_FDS = (
+    "import os\nfds = []\nfor fd in range(256):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n"
+    "    except OSError:\n        pass\nprint(fds)"
+)
 
 
 @needs_local
@@ -131,8 +133,10 @@ async def test_repl_cells_cannot_reach_or_fake_the_workers_channel():
     async with sandboxes.open("local", persistent=True) as sb:
         r = await sb.run_python(OPEN_FDS)
         assert (r.status, r.stdout) == ("ok", "[0, 1, 2, 5, 6]\n"), r  # stdio and the REPL's two cell pipes
-        forged = "import os, struct, time\nbody = b'{\"x\":1}'\nos.write(6, struct.pack('>I', len(body)) + body)\n" \
-                 "time.sleep(5)"
+        forged = (
+            "import os, struct, time\nbody = b'{\"x\":1}'\nos.write(6, struct.pack('>I', len(body)) + body)\n"
+            "time.sleep(5)"
+        )
         r = await sb.run_python(forged)
         assert r.status == "killed" and "state was lost" in r.stderr, r
         r = await sb.run_python("print(6 * 7)")

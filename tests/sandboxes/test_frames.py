@@ -22,8 +22,10 @@ def test_round_trip():
     assert frames.decode_body(bytearray(data[4:])) == message  # the host decodes from its read buffer
 
 
-@pytest.mark.parametrize("body", [b"", b"{", b"[1]", b"null", b'{"a":1} ', b'{"a":1}{}', b' {"a":1}', b"\xff{}",
-                                  b"[" * 100_000, b'{"a":' * 100_000])
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"{", b"[1]", b"null", b'{"a":1} ', b'{"a":1}{}', b' {"a":1}', b"\xff{}", b"[" * 100_000, b'{"a":' * 100_000],
+)
 def test_rejects_anything_but_one_object(body):
     with pytest.raises(frames.FrameError):
         frames.decode_body(body)

@@ -262,6 +262,7 @@ print(os.path.exists("/tmp/left_behind"), os.listxattr("/tmp") + os.listxattr("/
 """)
         assert (second.status, second.stdout) == ("ok", "False [] 1 True\n"), second
 
+
 # ---- exhaustion --------------------------------------------------------------------------------
 
 

@@ -9,9 +9,12 @@ from molt_envs.envs.arith import parse_answer
 class ArithChat(ChatAgent):
     async def run(self, ctx):
         client = AsyncOpenAI(base_url=ctx.base_url, api_key=ctx.api_key)
-        resp = await client.chat.completions.create(model=ctx.model_name, messages=ctx.messages,
-                                                    max_tokens=ctx.sampling_params.max_tokens,
-                                                    temperature=ctx.sampling_params.temperature)
+        resp = await client.chat.completions.create(
+            model=ctx.model_name,
+            messages=ctx.messages,
+            max_tokens=ctx.sampling_params.max_tokens,
+            temperature=ctx.sampling_params.temperature,
+        )
         answer = parse_answer(resp.choices[0].message.content or "")
         return Result(reward=float(answer is not None and answer == int(ctx.label)))
 

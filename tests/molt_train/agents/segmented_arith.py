@@ -15,6 +15,10 @@ class AgentRunner(StepEnvRunner):
         whole = await super().execute(prompt, label, sampling_params, max_length, tokenizer, engine, images, tools)
         if whole.failure is not None:
             return whole
-        summary = replace(whole, token_ids=list(whole.token_ids), log_probs=list(whole.log_probs),
-                          action_ranges=list(whole.action_ranges))
+        summary = replace(
+            whole,
+            token_ids=list(whole.token_ids),
+            log_probs=list(whole.log_probs),
+            action_ranges=list(whole.action_ranges),
+        )
         return [whole, summary]

@@ -28,5 +28,6 @@ def grade(response: str, label: Any) -> dict[str, Any]:
 class LetterCountEnv(Env):
     async def step(self, state: StepState) -> Result:
         scores = grade(state["action_text"], state["label"])
-        return Result(reward=scores["reward"], terminated=True,
-                      info={"answered": scores["answered"], "exact": scores["exact"]})
+        return Result(
+            reward=scores["reward"], terminated=True, info={"answered": scores["answered"], "exact": scores["exact"]}
+        )
