@@ -76,7 +76,7 @@ COMMON_FLAGS: list[_Flag] = [
         "--actor.compile",
         bool,
         False,
-        "torch.compile each decoder layer and the log-prob chunk (GPU: 48% training "
+        "torch.compile each decoder layer and the log-prob chunk (GPU: 48 percent training "
         "MFU at 0.6B on an H200, 2.3x eager; the first step pays ~1 min compiling)",
     ),
     (
