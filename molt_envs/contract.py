@@ -58,10 +58,16 @@ class SamplingParams:
 
 @dataclass
 class Result:
-    """What ``Env.step`` and ``ChatAgent.run`` return."""
+    """What ``Env.step`` and ``ChatAgent.run`` return.
+
+    ``observation`` is the next turn's input. A list of chat messages (``[{"role": "user", "content": ...}]``, or
+    ``"tool"`` messages) is rendered by the model's own chat template as the turn that follows the model's action,
+    so an env works with any model; a ``str`` is raw text appended as is (it must already be in the model's chat
+    format). Either way the runner appends it as masked tokens.
+    """
 
     reward: float = 0.0
-    observation: str = ""
+    observation: str | list[dict[str, Any]] = ""  # raw text, or chat messages the runner renders (see below)
     terminated: bool = True
     truncated: bool = False
     info: dict[str, Any] = field(default_factory=dict)
@@ -72,8 +78,14 @@ class Result:
     def __post_init__(self) -> None:
         self.reward = _scalar("reward", self.reward)
         self.score = self.reward if self.score is None else _scalar("score", self.score)
-        if not isinstance(self.observation, str):
-            raise TypeError(f"Result.observation must be str, got {type(self.observation).__name__}")
+        if isinstance(self.observation, list):
+            for message in self.observation:
+                if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
+                    raise TypeError(f"Result.observation messages must be dicts with a 'role', got {message!r}")
+        elif not isinstance(self.observation, str):
+            raise TypeError(
+                f"Result.observation must be a str or a list of chat messages, got {type(self.observation).__name__}"
+            )
         if not isinstance(self.info, dict):
             raise TypeError(f"Result.info must be a dict, got {type(self.info).__name__}")
 

@@ -47,6 +47,32 @@ def render_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: lis
     raise TypeError(f"prompt must be a str or a list of chat messages, got {type(prompt).__name__}")
 
 
+_PROBE_TEXT = "\x00molt-probe\x00"
+_PROBE = [{"role": "user", "content": _PROBE_TEXT}, {"role": "assistant", "content": _PROBE_TEXT}]
+
+
+def render_turn(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict] | None, action_text: str) -> str:
+    """The text of the turn that follows the model's action, as the model's chat template writes it.
+
+    The template is rendered around a probe conversation: what it writes after an assistant message (e.g.
+    ``<|im_end|>\n``) closes the action (minus the end-of-turn token when the model generated it itself), then the
+    new ``messages`` and the generation prompt follow. Raises ``ValueError`` for a template whose rendering of a
+    conversation is not a prefix of its rendering of a longer one.
+    """
+    before = tokenizer.apply_chat_template(_PROBE, tools=tools, tokenize=False)
+    after = tokenizer.apply_chat_template(_PROBE + messages, tools=tools, add_generation_prompt=True, tokenize=False)
+    if not after.startswith(before):
+        raise ValueError(
+            "this chat template rewrites earlier turns when a turn is added, so observation messages "
+            "cannot be appended token-exactly; return the next turn as text (a str) instead"
+        )
+    closing = before[before.rindex(_PROBE_TEXT) + len(_PROBE_TEXT) :]  # what the template writes after an action
+    eos = tokenizer.eos_token or ""
+    if eos and closing.startswith(eos) and action_text.endswith(eos):
+        closing = closing[len(eos) :]
+    return closing + after[len(before) :]
+
+
 class Runner(ABC):
     """Runs one rollout. ``AgentRunner`` in an agent file (``--train.agent_path``) subclasses this."""
 
@@ -108,7 +134,16 @@ class StepEnvRunner(Runner):
             traj.append_observation(prompt_ids)
             traj.prompt_len = len(prompt_ids)
             await self._loop(
-                env, traj, context, label, SamplingParams.coerce(sampling_params), max_length, tokenizer, engine, stage
+                env,
+                traj,
+                context,
+                label,
+                SamplingParams.coerce(sampling_params),
+                max_length,
+                tokenizer,
+                engine,
+                stage,
+                start.get("tools", tools),
             )
         except Exception as exc:  # failure isolation: the episode ends, the reason is recorded, nothing propagates
             traj.failure = f"{stage[0]}: {type(exc).__name__}: {exc}"
@@ -139,7 +174,7 @@ class StepEnvRunner(Runner):
                 self._prompts.popitem(last=False)
         return context, ids
 
-    async def _loop(self, env, traj, context, label, params, max_length, tokenizer, engine, stage) -> None:
+    async def _loop(self, env, traj, context, label, params, max_length, tokenizer, engine, stage, tools) -> None:
         reward = 0.0
         turn = 0
         while True:
@@ -174,12 +209,15 @@ class StepEnvRunner(Runner):
                 traj.images.extend(result.images)
             if result.observation:
                 stage[0] = "tokenize"
-                obs_ids = await tokenizer_work(len(result.observation), _encode, tokenizer, result.observation)
+                text = result.observation
+                if isinstance(text, list):
+                    text = render_turn(tokenizer, text, tools, action_text)
+                obs_ids = await tokenizer_work(len(text), _encode, tokenizer, text)
                 room = max_length - len(traj.token_ids)
                 if len(obs_ids) > room:
                     obs_ids, traj.truncated = obs_ids[:room], True
                 traj.append_observation(obs_ids)
-                context += result.observation
+                context += text
             params = SamplingParams.coerce(result.sampling_params, params)
             if self.max_turns is not None and turn >= self.max_turns and not result.terminated:
                 traj.truncated = True

@@ -2,7 +2,7 @@
 
 The model may answer directly or emit ``<tool_call>{"name": "python_executor", "arguments": {"code": ...}}
 </tool_call>``; the env runs the code in a sandbox and feeds the output back as a ``<tool_response>`` user turn in
-the model's ChatML format. The episode ends when the model gives a final answer (``\\boxed{}``) or stops calling the
+the model's chat template (a ``tool`` message). The episode ends when the model gives a final answer (``\\boxed{}``) or stops calling the
 tool; only the final answer is graded.
 """
 
@@ -21,8 +21,6 @@ SYSTEM_PROMPT = (
     "You are a careful calculator. Use the python_executor tool to compute exact results, then give the "
     "final answer as \\boxed{number}."
 )
-# ChatML: the action ends at <|im_end|>; the template's newline after it and the next turns are env text.
-TOOL_TURN = "\n<|im_start|>user\n<tool_response>\n{output}\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
 
 
 def generate_split(split: str, size: int = 1000, seed: int = 0) -> Iterator[dict[str, Any]]:
@@ -66,7 +64,7 @@ class PythonToolEnv(Env):
         for call in calls:
             self.tool_calls += 1
             outputs.append(await self.tools.call(call.name, call.arguments))
-        return Result(reward=0.0, terminated=False, observation=TOOL_TURN.format(output="\n".join(outputs)))
+        return Result(reward=0.0, terminated=False, observation=[{"role": "tool", "content": out} for out in outputs])
 
     async def close(self) -> None:
         await self.tools.close()

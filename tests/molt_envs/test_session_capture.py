@@ -118,7 +118,7 @@ async def test_several_new_messages_all_go_into_the_delta(serve, tiny_tokenizer)
     tok = tiny_tokenizer
     # two calls, written exactly as the tiny template renders them (so the final text check can be exact)
     calls = (
-        '<tool_call>\n{"name": "calc", "arguments": {"expr": "1+1"}}\n</tool_call>'
+        '<tool_call>\n{"name": "calc", "arguments": {"expr": "1+1"}}\n</tool_call>\n'
         '<tool_call>\n{"name": "calc", "arguments": {"expr": "2+2"}}\n</tool_call>'
     )
     engine = ScriptedEngine(tok, [calls, "Both are done."])

@@ -85,7 +85,7 @@ async def test_malformed_call_text_is_plain_content_not_an_error(serve, tiny_tok
 
 async def test_anthropic_wire_returns_tool_use_and_takes_tool_results_back(serve, tiny_tokenizer):
     tok = tiny_tokenizer
-    two_calls = CALL + CALL.replace("6*7", "6+7")
+    two_calls = CALL + "\n" + CALL.replace("6*7", "6+7")  # as the template writes two calls
     engine = ScriptedEngine(tok, [two_calls, "42 and 13."])
     server = await serve(engine, tok)
     session = server.open_session()

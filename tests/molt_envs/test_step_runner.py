@@ -98,6 +98,39 @@ async def test_multi_turn_feedback_is_masked_params_replaced_images_carried(tiny
     assert "<feedback 1>" in envs[0].seen[2]["observation_text"]
 
 
+class ToolFeedback(Env):
+    """Answers the first turn with a ``tool`` message and a user message; ends on the second turn."""
+
+    async def step(self, state):
+        if state["turn"] == 0:
+            return Result(observation=[{"role": "tool", "content": "42"}], terminated=False)
+        return Result(reward=1.0)
+
+
+async def test_message_observations_are_rendered_by_the_chat_template(tiny_engine, tiny_tokenizer):
+    engine = RecordingEngine(tiny_engine)
+    prompt = [{"role": "user", "content": "What is 6*7?"}]
+    params = one_token_turns(tiny_tokenizer, max_tokens=4, seed=3)
+    traj = await StepEnvRunner(ToolFeedback).execute(prompt, None, params, 512, tiny_tokenizer, engine)
+    assert traj.ok and traj.num_turns == 2
+    end_first = traj.action_ranges[0][1]
+    observation = tiny_tokenizer.decode(traj.token_ids[end_first : traj.action_ranges[1][0]])
+    action = tiny_tokenizer.decode(engine.calls[0][2].token_ids)
+    # exactly what the template writes after an assistant turn, then the tool turn and the generation prompt
+    closing = "\n" if action.endswith("<|im_end|>") else "<|im_end|>\n"
+    assert observation == closing + "<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n" + (
+        "<|im_start|>assistant\n"
+    )
+    assert not any(traj.action_mask()[end_first : traj.action_ranges[1][0]])
+
+
+def test_observation_messages_are_checked():
+    with pytest.raises(TypeError, match="role"):
+        Result(observation=[{"content": "no role"}])
+    with pytest.raises(TypeError, match="list of chat messages"):
+        Result(observation=42)
+
+
 async def test_fresh_env_per_episode(tiny_engine, tiny_tokenizer):
     made = []
     runner = StepEnvRunner(lambda: made.append(OneTurn()) or made[-1])
