@@ -46,8 +46,12 @@ def sampling_overrides(body: dict[str, Any], max_tokens_fields: tuple[str, ...])
     return overrides
 
 
-def text_of(content: Any, where: str) -> str:
-    """Content at ``where`` as text: null, a string, or a list of text parts (images are not supported)."""
+def text_of(content: Any, where: str, text_types: tuple[str, ...] = ("text",)) -> str:
+    """Content at ``where`` as text: null, a string, or a list of text parts (``text_types`` name them per wire).
+
+    Any other part (an image, a file, audio) is refused with a 400 naming it: the engine behind this server is
+    text-only. This is the one place a vision engine's image parts would be let through.
+    """
     if content is None:
         return ""
     if isinstance(content, str):
@@ -58,13 +62,15 @@ def text_of(content: Any, where: str) -> str:
     for i, part in enumerate(content):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise BadRequest(f"{where}[{i}] must be an object with a 'type'")
-        if part["type"] != "text":
+        key = "refusal" if part["type"] == "refusal" else "text"
+        if part["type"] not in text_types and part["type"] != "refusal":
             raise BadRequest(
-                f"{where}[{i}] has type {part['type']!r}; this server's text engine accepts only text parts"
+                f"{where}[{i}] has type {part['type']!r}; this server's text engine accepts only "
+                f"{' / '.join(text_types)} parts"
             )
-        if not isinstance(part.get("text"), str):
-            raise BadRequest(f"{where}[{i}].text must be a string")
-        texts.append(part["text"])
+        if not isinstance(part.get(key), str):
+            raise BadRequest(f"{where}[{i}].{key} must be a string")
+        texts.append(part[key])
     return "".join(texts)
 
 

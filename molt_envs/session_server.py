@@ -2,9 +2,15 @@
 
 Routes:
 
-- ``POST /s/{session_id}/v1/chat/completions``: the OpenAI wire (``AsyncOpenAI(base_url=.../s/<sid>/v1)``).
-- ``POST /s/{session_id}/v1/messages``: the Anthropic wire (``AsyncAnthropic(base_url=.../s/<sid>)``).
-  Both answer JSON or, with ``"stream": true``, server-sent events in their own wire's format.
+- ``POST /s/{session_id}/v1/chat/completions``: OpenAI Chat Completions (``AsyncOpenAI(base_url=.../s/<sid>/v1)``).
+- ``POST /s/{session_id}/v1/responses``: the OpenAI Responses API (Codex, the Agents SDK's default model);
+  ``GET /s/{session_id}/v1/responses/{id}`` reads a stored response back.
+- ``POST /s/{session_id}/v1/messages``: the Anthropic wire (``AsyncAnthropic(base_url=.../s/<sid>)``, Claude Code);
+  ``POST /s/{session_id}/v1/messages/count_tokens`` counts a request's prompt with the chat template.
+  All three answer JSON or, with ``"stream": true``, server-sent events in their own wire's format, and all three
+  capture the same way (one ``Session``: same segments, same compaction rule, same retry replay).
+- ``GET /s/{session_id}/v1/models`` (and ``/v1/models/{id}``): the served model, in a body both SDKs parse; any
+  model name a request carries is served by it.
 - ``POST /sessions`` → ``{"session_id", "base_url", "session_url"}``; ``GET /sessions/{id}/trajectory`` → the
   token-exact segments; ``DELETE /sessions/{id}``: what external harnesses and evaluators use.
 - ``GET /health``.
@@ -32,10 +38,11 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from molt_envs import wire_anthropic, wire_openai
+from molt_envs import wire_anthropic, wire_openai, wire_responses
 from molt_envs.contract import SamplingParams
 from molt_envs.engine import Engine
 from molt_envs.request_fields import session_params
+from molt_envs.runners import INLINE_MAX_CHARS, off_loop
 from molt_envs.sessions import BadRequest, ChatTemplate, Session, SessionClosed, segment_json
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -72,6 +79,7 @@ class SessionServer:
         self.max_sessions = max_sessions
         self.session_ttl_s = session_ttl_s  # None: sessions live until closed (ChatAgentRunner closes its own)
         self._swept = time.monotonic()
+        self._created = time.time()
         self.sessions: dict[str, Session] = {}
         self.app = self._build_app()
         self.url: str | None = None  # http://host:port once started
@@ -169,15 +177,62 @@ class SessionServer:
         async def health() -> dict[str, Any]:
             return {"status": "ok", "sessions": len(self.sessions), "model": self.model_name}
 
-        # the two hot routes are plain Starlette routes: no FastAPI parameter solving on every call
-        async def openai_chat(request: Request) -> Response:
-            return await self._chat(request.path_params["session_id"], request, wire_openai)
+        # the hot routes are plain Starlette routes: no FastAPI parameter solving on every call
+        def chat_route(wire: Any) -> Any:
+            async def route(request: Request) -> Response:
+                return await self._chat(request.path_params["session_id"], request, wire)
 
-        async def anthropic_messages(request: Request) -> Response:
-            return await self._chat(request.path_params["session_id"], request, wire_anthropic)
+            return route
 
-        app.add_route("/s/{session_id}/v1/chat/completions", openai_chat, methods=["POST"])
-        app.add_route("/s/{session_id}/v1/messages", anthropic_messages, methods=["POST"])
+        app.add_route("/s/{session_id}/v1/chat/completions", chat_route(wire_openai), methods=["POST"])
+        app.add_route("/s/{session_id}/v1/responses", chat_route(wire_responses), methods=["POST"])
+        app.add_route("/s/{session_id}/v1/messages", chat_route(wire_anthropic), methods=["POST"])
+
+        @app.get("/s/{session_id}/v1/responses/{response_id}")
+        async def get_response(session_id: str, response_id: str) -> Response:
+            session = self.sessions.get(session_id)
+            if session is None:
+                return JSONResponse(wire_openai.error(_unknown(session_id), 404), status_code=404)
+            body = wire_responses.stored_response(session, response_id)
+            if body is None:
+                message = f"response {response_id!r} is not stored in this session (unknown, or sent with store: false)"
+                return JSONResponse(wire_openai.error(message, 404), status_code=404)
+            return JSONResponse(body)
+
+        @app.post("/s/{session_id}/v1/messages/count_tokens")
+        async def count_tokens(session_id: str, request: Request) -> Response:
+            try:
+                session = self.sessions.get(session_id)
+                if session is None:
+                    raise _Problem(404, _unknown(session_id))
+                raw = await self._read(request)
+                body = _json_object(raw)
+                count = wire_anthropic.count_tokens
+                return JSONResponse(
+                    count(body, session) if len(raw) <= INLINE_MAX_CHARS else await off_loop(count, body, session)
+                )
+            except _Problem as exc:
+                return JSONResponse(wire_anthropic.error(str(exc), exc.status), status_code=exc.status)
+            except (BadRequest, RecursionError) as exc:
+                message = str(exc) if isinstance(exc, BadRequest) else "the request nests deeper than the server parses"
+                return JSONResponse(wire_anthropic.error(message, 400), status_code=400)
+
+        @app.get("/v1/models")
+        @app.get("/s/{session_id}/v1/models")
+        async def models(session_id: str | None = None) -> Response:
+            if session_id is not None and session_id not in self.sessions:
+                return JSONResponse(wire_openai.error(_unknown(session_id), 404), status_code=404)
+            card = self._model_card()
+            return JSONResponse(
+                {"object": "list", "data": [card], "has_more": False, "first_id": card["id"], "last_id": card["id"]}
+            )
+
+        @app.get("/v1/models/{model_id:path}")
+        @app.get("/s/{session_id}/v1/models/{model_id:path}")
+        async def model(model_id: str, session_id: str | None = None) -> Response:
+            if session_id is not None and session_id not in self.sessions:
+                return JSONResponse(wire_openai.error(_unknown(session_id), 404), status_code=404)
+            return JSONResponse(self._model_card())  # any name is served by the one model, as requests are
 
         @app.post("/sessions")
         async def create_session(request: Request) -> Response:
@@ -217,20 +272,29 @@ class SessionServer:
 
         return app
 
+    def _model_card(self) -> dict[str, Any]:
+        """The served model in the shape of both SDKs' model objects (OpenAI's and Anthropic's fields side by side)."""
+        created = int(self._created)
+        return {
+            "id": self.model_name,
+            "object": "model",
+            "created": created,
+            "owned_by": "molt",
+            "type": "model",
+            "display_name": self.model_name,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+        }
+
     async def _chat(self, session_id: str, request: Request, wire: Any) -> Response:
+        """One chat call on ``wire`` (a module with ``decode``, ``encode``, ``encode_stream`` and ``error``)."""
         try:
             session = self.sessions.get(session_id)
             if session is None:
                 raise _Problem(404, _unknown(session_id))
             raw = await self._read(request)
             started = time.perf_counter()  # the server's own time starts once the client has sent the body
-            body = _json_object(raw)
-            include_usage = False
-            if wire is wire_openai:
-                chat, stream, include_usage = wire_openai.decode(body)
-            else:
-                chat, stream = wire_anthropic.decode(body)
-            reply = await session.turn(chat)
+            call = wire.decode(_json_object(raw), session)
+            reply = await session.turn(call.request)
         except _Problem as exc:
             return JSONResponse(wire.error(str(exc), exc.status), status_code=exc.status)
         except BadRequest as exc:
@@ -243,17 +307,14 @@ class SessionServer:
             )
         except Exception as exc:  # the engine or the server failed, not the request
             return JSONResponse(wire.error(f"generation failed: {type(exc).__name__}: {exc}", 500), status_code=500)
-        if stream:
-            events = (
-                wire_openai.encode_stream(reply, self.model_name, include_usage)
-                if wire is wire_openai
-                else wire_anthropic.encode_stream(reply, self.model_name)
-            )
+        if call.stream:
             response: Response = StreamingResponse(
-                events, media_type="text/event-stream", headers={"cache-control": "no-cache"}
+                wire.encode_stream(reply, self.model_name, call, session),
+                media_type="text/event-stream",
+                headers={"cache-control": "no-cache"},
             )
         else:
-            response = JSONResponse(wire.encode(reply, self.model_name))
+            response = JSONResponse(wire.encode(reply, self.model_name, call, session))
         response.headers["server-timing"] = (
             f"handler;dur={(time.perf_counter() - started) * 1000:.3f}, engine;dur={reply.engine_s * 1000:.3f}"
         )

@@ -61,6 +61,15 @@ class ChatRequest:
 
 
 @dataclass
+class WireCall:
+    """A request as one wire decoded it: the ``ChatRequest`` and what that wire needs to answer it."""
+
+    request: ChatRequest
+    stream: bool = False
+    options: dict[str, Any] = field(default_factory=dict)  # wire-specific (include_usage, Responses echo fields)
+
+
+@dataclass
 class Reply:
     """The model's answer to one request, wire-neutral."""
 
@@ -71,6 +80,7 @@ class Reply:
     prompt_tokens: int
     completion_tokens: int
     engine_s: float = 0.0  # seconds spent inside engine.generate (the rest of a call is server overhead)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)  # kept by a replay: a retry gets the same ids
 
 
 class ChatTemplate:
@@ -90,6 +100,10 @@ class ChatTemplate:
                 "token-exact continuation needs it to"
             )
         self.turn_end = probe[probe.index(_PROBE) + len(_PROBE) :]  # ChatML: "<|im_end|>\n"
+        # whether the template renders an assistant message's reasoning_content (Qwen3's <think> block): where
+        # it does, reasoning items and thinking blocks from the client are passed to it; elsewhere they are dropped
+        thought = [{"role": "user", "content": "u"}, {"role": "assistant", "content": "a", "reasoning_content": _PROBE}]
+        self.renders_reasoning = _PROBE in self.render(thought, None, False)
 
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
@@ -102,6 +116,10 @@ class ChatTemplate:
             )
         except TemplateError as exc:  # e.g. a template's raise_exception on the conversation's shape
             raise BadRequest(f"the chat template refused the conversation: {exc}") from None
+
+    def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
+        """Tokens of the conversation as the model would see it (rendered with the generation prompt)."""
+        return len(self.encode(self.render(messages, tools, True)))
 
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer.encode(text, add_special_tokens=False))
@@ -152,6 +170,7 @@ class Session:
         self.lock = asyncio.Lock()
         self.last_used = time.monotonic()
         self.closed = False  # set by the server on close: a call in flight then records nothing
+        self.responses: dict[str, Any] = {}  # the Responses wire's stored responses (wire_responses.Stored)
         self._history: list[dict[str, Any]] | None = None  # the last committed request's messages
         self._tools: list[dict[str, Any]] | None = None
         self._seen: str = ""  # its rendering, which the current segment's ids encode

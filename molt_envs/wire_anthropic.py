@@ -1,54 +1,69 @@
-"""The Anthropic Messages wire, decoded into the OpenAI message shape the chat template renders.
+"""The Anthropic Messages wire (as the SDK and Claude Code speak it), decoded into the OpenAI message shape.
 
-``system`` becomes the first message; assistant ``tool_use`` blocks become ``tool_calls``; a user turn's
-``tool_result`` blocks become ``tool`` messages (in order, before the turn's remaining text); Anthropic tools become
-OpenAI function tools. Replies carry ``text`` and ``tool_use`` blocks; streaming uses Anthropic's event sequence.
-Honoured: ``max_tokens``, ``temperature``/``top_p``/``top_k`` (raw HTTP; recent SDKs no longer send them, so the
-session's ``SamplingParams`` apply), ``tool_choice`` ``{"type": "none"}``, ``stream``. ``thinking`` blocks in the
-history are dropped; image blocks are refused (400): the engine is text-only.
+``system`` (a string or text blocks) becomes the first message, and system-role entries inside ``messages`` (Claude
+Code puts its environment notes there) stay system messages where they are; assistant ``tool_use`` blocks become
+``tool_calls``; a user turn's ``tool_result`` blocks (a string or an array of text blocks) become ``tool`` messages
+(in order, before the turn's remaining text), and each must answer a ``tool_use`` made earlier in the conversation;
+``thinking`` blocks become the assistant message's ``reasoning_content`` where the template renders one (else, and
+``redacted_thinking`` always, they are dropped); ``cache_control`` markers, ``metadata``, ``thinking``/
+``context_management``/``output_config`` settings and beta headers are accepted and have no effect. Anthropic tools
+become OpenAI function tools; server tools (no ``input_schema``: web search, code execution, ...) are not shown to
+the model, since this server runs no tools. Replies carry ``text`` and ``tool_use`` blocks; streaming uses
+Anthropic's event sequence. Honoured: ``max_tokens``, ``temperature``/``top_p``/``top_k`` (raw HTTP; recent SDKs no
+longer send them, so the session's ``SamplingParams`` apply), ``tool_choice`` ``{"type": "none"}``, ``stream``.
+What the chat template cannot represent (image and document blocks: the engine is text-only) is a 400 naming it.
+``count_tokens`` answers ``POST /v1/messages/count_tokens`` with the rendered prompt's real token count.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from molt_envs.request_fields import optional, optional_str, sampling_overrides, text_of
-from molt_envs.sessions import BadRequest, ChatRequest, Reply
+from molt_envs.sessions import BadRequest, ChatRequest, Reply, Session, WireCall
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+ROLES = ("user", "assistant", "system")
 
 
-def decode(body: dict[str, Any]) -> tuple[ChatRequest, bool]:
-    """``(request, stream)``."""
+def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
+    """The request as chat messages; a block the template cannot represent is a 400 naming it."""
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise BadRequest("messages must be a non-empty list of {'role': 'user'|'assistant', 'content': ...}")
+    reasoning = session is not None and session.template.renders_reasoning
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system:
         messages.append({"role": "system", "content": text_of(system, "system")})
+    calls: set[str] = set()
     for i, message in enumerate(raw):
-        messages += _messages(message, f"messages[{i}]")
-    tools = [_tool(t, i) for i, t in enumerate(optional(body, "tools", list, "a list of tools") or [])]
+        messages += _messages(message, f"messages[{i}]", calls, reasoning)
+    given = optional(body, "tools", list, "a list of tools") or []
+    tools = [tool for tool in (_tool(t, i) for i, t in enumerate(given)) if tool is not None]
     choice = optional(body, "tool_choice", dict, "an object") or {}
     stream = bool(optional(body, "stream", bool, "a boolean"))
-    return ChatRequest(
+    request = ChatRequest(
         messages, tools or None, sampling_overrides(body, ("max_tokens",)), parse_tools=choice.get("type") != "none"
-    ), stream
+    )
+    return WireCall(request, stream)
 
 
-def _messages(message: Any, where: str) -> list[dict[str, Any]]:
-    if not isinstance(message, dict) or message.get("role") not in ("user", "assistant"):
-        raise BadRequest(f"{where} must be an object with role 'user' or 'assistant', got {json.dumps(message)[:80]}")
+def _messages(message: Any, where: str, calls: set[str], reasoning: bool) -> list[dict[str, Any]]:
+    if not isinstance(message, dict) or message.get("role") not in ROLES:
+        raise BadRequest(
+            f"{where} must be an object with role 'user', 'assistant' or 'system', got {json.dumps(message)[:80]}"
+        )
     role, content = message["role"], message.get("content")
+    if role == "system":
+        return [{"role": "system", "content": text_of(content, f"{where}.content")}]
     if isinstance(content, str):
         return [{"role": role, "content": content}]
     if not isinstance(content, list):
         raise BadRequest(f"{where}.content must be a string or a list of content blocks")
-    texts, calls, results = [], [], []
+    texts, thoughts, tool_calls, results = [], [], [], []
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         at = f"{where}.content[{j}]"
@@ -59,40 +74,47 @@ def _messages(message: Any, where: str) -> list[dict[str, Any]]:
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                 raise BadRequest(f"{at} (tool_use) needs a string 'name' and an object 'input'")
-            calls.append(
-                {
-                    "id": optional_str(block.get("id"), f"{at}.id"),
-                    "type": "function",
-                    "function": {
-                        "name": block["name"],
-                        "arguments": json.dumps(block.get("input", {}), ensure_ascii=False),
-                    },
-                }
+            call_id = optional_str(block.get("id"), f"{at}.id")
+            calls.add(call_id)
+            arguments = json.dumps(block.get("input", {}), ensure_ascii=False)
+            tool_calls.append(
+                {"id": call_id, "type": "function", "function": {"name": block["name"], "arguments": arguments}}
             )
         elif kind == "tool_result" and role == "user":
+            call_id = block.get("tool_use_id")
+            if not isinstance(call_id, str) or call_id not in calls:
+                raise BadRequest(
+                    f"{at}.tool_use_id {json.dumps(call_id)[:60]} answers no tool_use of an earlier assistant "
+                    "message; send the tool_use before its tool_result"
+                )
             results.append(
-                {
-                    "role": "tool",
-                    "tool_call_id": optional_str(block.get("tool_use_id"), f"{at}.tool_use_id"),
-                    "content": text_of(block.get("content"), f"{at}.content"),
-                }
+                {"role": "tool", "tool_call_id": call_id, "content": text_of(block.get("content"), f"{at}.content")}
             )
-        elif kind in ("thinking", "redacted_thinking"):
-            continue
+        elif kind == "thinking" and role == "assistant":
+            if not isinstance(block.get("thinking"), str):
+                raise BadRequest(f"{at}.thinking must be a string")
+            thoughts.append(block["thinking"])
+        elif kind == "redacted_thinking" and role == "assistant":
+            continue  # encrypted by Anthropic's servers: nothing the template could render
         else:
             raise BadRequest(
                 f"{at} has type {kind!r}, which a {role} message on this text server cannot carry; "
-                "use text, tool_use (assistant) or tool_result (user) blocks"
+                "use text, thinking or tool_use (assistant) and text or tool_result (user) blocks"
             )
     if role == "assistant":
         out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
-        if calls:
-            out["tool_calls"] = calls
+        if tool_calls:
+            out["tool_calls"] = tool_calls
+        if thoughts and reasoning:
+            out["reasoning_content"] = "\n".join(thoughts)
         return [out]
     return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
 
 
-def _tool(tool: Any, i: int) -> dict[str, Any]:
+def _tool(tool: Any, i: int) -> dict[str, Any] | None:
+    """An OpenAI function tool, or None for a server tool (a ``type`` and no ``input_schema``)."""
+    if isinstance(tool, dict) and tool.get("type") not in (None, "custom") and "input_schema" not in tool:
+        return None
     if (
         not isinstance(tool, dict)
         or not isinstance(tool.get("name"), str)
@@ -120,9 +142,9 @@ def _blocks(reply: Reply) -> list[dict[str, Any]]:
     return blocks
 
 
-def encode(reply: Reply, model: str) -> dict[str, Any]:
+def encode(reply: Reply, model: str, call: WireCall | None = None, session: Session | None = None) -> dict[str, Any]:
     return {
-        "id": f"msg_{uuid.uuid4().hex}",
+        "id": f"msg_{reply.id}",
         "type": "message",
         "role": "assistant",
         "model": model,
@@ -133,7 +155,9 @@ def encode(reply: Reply, model: str) -> dict[str, Any]:
     }
 
 
-def encode_stream(reply: Reply, model: str) -> Iterator[str]:
+def encode_stream(
+    reply: Reply, model: str, call: WireCall | None = None, session: Session | None = None
+) -> Iterator[str]:
     """message_start, one start/delta/stop triple per content block, message_delta, message_stop."""
     message = {
         **encode(reply, model),
@@ -169,3 +193,9 @@ def _event(name: str, data: dict[str, Any]) -> str:
 def error(message: str, status: int) -> dict[str, Any]:
     kind = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large"}.get(status, "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def count_tokens(body: dict[str, Any], session: Session) -> dict[str, int]:
+    """``POST /v1/messages/count_tokens``: the tokens the model would read for this request (no generation)."""
+    request = decode(body, session).request
+    return {"input_tokens": session.template.count(request.messages, request.tools)}

@@ -11,18 +11,17 @@ from __future__ import annotations
 
 import json
 import time
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
 from molt_envs.request_fields import optional, optional_str, sampling_overrides, text_of
-from molt_envs.sessions import BadRequest, ChatRequest, Reply
+from molt_envs.sessions import BadRequest, ChatRequest, Reply, Session, WireCall
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def decode(body: dict[str, Any]) -> tuple[ChatRequest, bool, bool]:
-    """``(request, stream, include_usage)``."""
+def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
+    """The request; ``options["include_usage"]`` from ``stream_options``."""
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise BadRequest("messages must be a non-empty list of chat messages")
@@ -52,7 +51,7 @@ def decode(body: dict[str, Any]) -> tuple[ChatRequest, bool, bool]:
         sampling_overrides(body, ("max_completion_tokens", "max_tokens")),
         parse_tools=body.get("tool_choice") != "none",
     )
-    return request, stream, bool(options.get("include_usage"))
+    return WireCall(request, stream, {"include_usage": bool(options.get("include_usage"))})
 
 
 def _message(message: Any, i: int) -> dict[str, Any]:
@@ -109,13 +108,13 @@ def _usage(reply: Reply) -> dict[str, int]:
     }
 
 
-def encode(reply: Reply, model: str) -> dict[str, Any]:
+def encode(reply: Reply, model: str, call: WireCall | None = None, session: Session | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
     if reply.tool_calls:
         message["content"] = reply.content or None
         message["tool_calls"] = _tool_calls(reply)
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "id": f"chatcmpl-{reply.id}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
@@ -124,10 +123,11 @@ def encode(reply: Reply, model: str) -> dict[str, Any]:
     }
 
 
-def encode_stream(reply: Reply, model: str, include_usage: bool) -> Iterator[str]:
+def encode_stream(reply: Reply, model: str, call: WireCall, session: Session | None = None) -> Iterator[str]:
     """SSE ``chat.completion.chunk`` events: role, content, tool calls, finish reason, [usage], ``[DONE]``."""
+    include_usage = call.options.get("include_usage", False)
     head = {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "id": f"chatcmpl-{reply.id}",
         "object": "chat.completion.chunk",
         "created": int(time.time()),
         "model": model,

@@ -40,7 +40,7 @@ OPENAI_CASES = [
 
 ANTHROPIC_CASES = [
     ({"max_tokens": 8, "messages": []}, "messages must be a non-empty list"),
-    ({"max_tokens": 8, "messages": [{"role": "system", "content": "x"}]}, "role 'user' or 'assistant'"),
+    ({"max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]}, "role 'user', 'assistant' or 'system'"),
     ({"max_tokens": "many", "messages": [{"role": "user", "content": "x"}]}, "max_tokens must be a positive integer"),
     (
         {"max_tokens": 8, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
