@@ -1,4 +1,4 @@
-"""Every single-node change to a valid request body, on both wires: a 2xx or a 4xx with a message, never a 5xx."""
+"""Every single-node change to a valid request body, on all three wires: a 2xx or a 4xx with a message, never a 5xx."""
 
 from __future__ import annotations
 
@@ -42,6 +42,19 @@ ANTHROPIC_BODY = {
             ],
         },
         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "42"}]},
+    ],
+}
+RESPONSES_BODY = {
+    "model": "policy",
+    "max_output_tokens": 8,
+    "instructions": "Be brief.",
+    "tools": [{"type": "function", **CALC_TOOL["function"]}],
+    "store": False,
+    "input": [
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "6*7?"}]},
+        {"type": "reasoning", "id": "rs_1", "summary": [{"type": "summary_text", "text": "Use calc."}]},
+        {"type": "function_call", "call_id": "call_1", "name": "calc", "arguments": '{"expr": "6*7"}'},
+        {"type": "function_call_output", "call_id": "call_1", "output": "42"},
     ],
 }
 ODD_VALUES = [
@@ -89,7 +102,10 @@ def variants(body: dict):
             yield changed
 
 
-@pytest.mark.parametrize(("path", "body"), [("/v1/chat/completions", OPENAI_BODY), ("/v1/messages", ANTHROPIC_BODY)])
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [("/v1/chat/completions", OPENAI_BODY), ("/v1/messages", ANTHROPIC_BODY), ("/v1/responses", RESPONSES_BODY)],
+)
 async def test_every_single_change_to_a_body_gets_an_answer_never_a_5xx(serve, tiny_tokenizer, path, body):
     server = await serve(ScriptedEngine(tiny_tokenizer, ["ok"]), tiny_tokenizer)
     statuses = set()
