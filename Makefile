@@ -4,7 +4,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint clean
+HARNESSES := .harnesses/.installed
+# the agent harnesses molt/harness-*-v1 run (and their tests drive), from npm, pinned
+HARNESS_PACKAGES := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0
+
+.PHONY: demo test lint clean harnesses
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +20,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/molt-train demo
 
-test: lint
+$(HARNESSES): Makefile
+	npm install --prefix .harnesses --no-audit --no-fund --loglevel=error $(HARNESS_PACKAGES)
+	touch $(HARNESSES)
+
+harnesses: $(HARNESSES)
+
+test: lint $(HARNESSES)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
@@ -24,4 +34,4 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache
+	rm -rf $(VENV) runs .pytest_cache .harnesses

@@ -86,6 +86,7 @@ class ChatAgentRunner(Runner):
                 session_id=session.session_id,
                 sampling_params=params,
                 max_length=max_length,
+                session_socket=await server.unix_socket(),
             )
             outcome = await agent.run(ctx)
             if not isinstance(outcome, Result):
@@ -93,7 +94,8 @@ class ChatAgentRunner(Runner):
             result = outcome
             failure = None if session.segments else _nothing_generated(session, max_length)
         except Exception as exc:  # failure isolation: recorded, never raised
-            failure = f"{stage}: {type(exc).__name__}: {exc}"
+            # an exception may name its own stage (a harness's crash or timeout): counted under that name
+            failure = f"{getattr(exc, 'stage', stage)}: {type(exc).__name__}: {exc}"
         finally:
             if server is not None and session is not None:
                 server.close_session(session.session_id)

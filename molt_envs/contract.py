@@ -156,6 +156,9 @@ class ChatContext:
     session_id: str
     sampling_params: SamplingParams
     max_length: int
+    # a unix socket serving this session's routes, for clients in a sandbox (bind its directory in; see
+    # molt_envs.harness); None where the session server is not in this process
+    session_socket: str | None = None
 
 
 class ChatAgent(ABC):

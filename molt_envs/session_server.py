@@ -15,6 +15,9 @@ Routes:
   token-exact segments; ``DELETE /sessions/{id}``: what external harnesses and evaluators use.
 - ``GET /health``.
 
+``unix_socket()`` also serves the ``/s/{session_id}/...`` routes (and nothing else) on a unix socket, which a
+sandboxed harness reaches through a read-only bind of its directory (see ``molt_envs.harness``).
+
 Bad requests (unknown session, malformed JSON, wrong types, empty messages, oversized bodies) get a 4xx whose body
 says what was wrong; only an engine or server fault is a 5xx. Each chat response carries a ``Server-Timing`` header:
 ``handler`` (ms from the request body's arrival to the response being ready) and ``engine`` (ms inside
@@ -29,7 +32,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import shutil
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -85,6 +91,7 @@ class SessionServer:
         self.url: str | None = None  # http://host:port once started
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task | None = None
+        self._unix: tuple[str, uvicorn.Server, asyncio.Task] | None = None
 
     # -- sessions --
     def open_session(
@@ -162,12 +169,42 @@ class SessionServer:
             await asyncio.sleep(0.005)
         return self.url
 
+    async def unix_socket(self) -> str:
+        """The path of a unix socket (mode 0666, in a directory of its own) serving only the per-session routes.
+
+        A sandboxed client connects to it through a read-only bind of that directory; the session ids are its only
+        keys (the ``/sessions`` routes that open, read and delete sessions are not served there).
+        """
+        if self._unix is not None:
+            return self._unix[0]
+        directory = tempfile.mkdtemp(prefix="molt-session-")
+        os.chmod(directory, 0o755)  # a jail's unprivileged uid must reach the socket
+        path = os.path.join(directory, "session.sock")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(path)
+        os.chmod(path, 0o666)
+        config = uvicorn.Config(
+            _SessionRoutesOnly(self.app), log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=60
+        )
+        server = _InLoopServer(config)
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        while not server.started:
+            if task.done():
+                shutil.rmtree(directory, ignore_errors=True)
+                raise RuntimeError(f"the session server's unix socket failed to start: {task.exception()!r}")
+            await asyncio.sleep(0.005)
+        self._unix = (path, server, task)
+        return path
+
     async def stop(self) -> None:
-        if self._server is not None and self._task is not None:
-            self._server.should_exit = True
-            with contextlib.suppress(Exception):
-                await self._task
-        self._server = self._task = None
+        for server, task in [(self._server, self._task), self._unix[1:] if self._unix else (None, None)]:
+            if server is not None and task is not None:
+                server.should_exit = True
+                with contextlib.suppress(Exception):
+                    await task
+        if self._unix is not None:
+            shutil.rmtree(os.path.dirname(self._unix[0]), ignore_errors=True)
+        self._server = self._task = self._unix = None
 
     # -- HTTP --
     def _build_app(self) -> FastAPI:
@@ -339,6 +376,20 @@ class _InLoopServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+class _SessionRoutesOnly:
+    """ASGI wrapper: only ``/s/{session_id}/...`` paths reach the app; anything else is a 403 naming the path."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and not scope["path"].startswith("/s/"):
+            message = f"{scope['path']} is not served on this socket: it serves only /s/<session_id>/... routes"
+            await JSONResponse(wire_openai.error(message, 403), status_code=403)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def _unknown(session_id: str) -> str:

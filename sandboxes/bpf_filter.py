@@ -3,7 +3,8 @@
 Default-allow; denies (EPERM) the syscalls a jailed snippet never needs and that widen the kernel
 attack surface: ptrace, mount family, namespaces, bpf, perf, keyrings, io_uring, module/kexec, SysV IPC
 (its objects would outlive the execution in the worker's IPC namespace, and their memory stays charged to it),
-non-AF_UNIX sockets, and the TIOCSTI/TIOCLINUX terminal-injection ioctls (the ioctl command is
+non-AF_UNIX sockets (AF_INET/AF_INET6 too when the zygote's environment says SANDBOX_NETWORK=loopback: the
+jail then has a network namespace of its own with only a loopback device), and the TIOCSTI/TIOCLINUX terminal-injection ioctls (the ioctl command is
 compared on its low 32 bits, which is what the kernel uses, so the CVE-2019-10063 high-bit trick
 does not pass). clone3 answers ENOSYS so libc falls back to clone, whose flags we can inspect.
 x86_64 only; `supported()` says so elsewhere. Stdlib-only: it is loaded inside the jail.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import os
 import platform
 import struct
 
@@ -76,7 +78,7 @@ _DENY_X86_64 = {
     "mount_setattr": 442,
 }
 _NR_IOCTL, _NR_SOCKET, _NR_CLONE, _NR_CLONE3 = 16, 41, 56, 435
-_AF_UNIX = 1
+_AF_UNIX, _AF_INET, _AF_INET6 = 1, 2, 10
 _TIOCSTI, _TIOCLINUX = 0x5412, 0x541C
 _CLONE_NAMESPACE_FLAGS = 0x7E020000  # NEWNS|NEWCGROUP|NEWUTS|NEWIPC|NEWUSER|NEWPID|NEWNET
 
@@ -95,7 +97,7 @@ def supported() -> bool:
     return platform.machine() == "x86_64"
 
 
-def _program() -> list[tuple[int, int, int, int]]:
+def _program(loopback: bool = False) -> list[tuple[int, int, int, int]]:
     """Assemble the filter; jumps name labels that are resolved to offsets at the end."""
     code: list[tuple] = []
 
@@ -115,6 +117,9 @@ def _program() -> list[tuple[int, int, int, int]]:
     op(_RET_K, _RET_ALLOW)
     labels = {"socket": len(code)}
     op(_LD_W_ABS, _arg_low(0))
+    if loopback:
+        op(_JEQ_K, _AF_INET, "allow", None)
+        op(_JEQ_K, _AF_INET6, "allow", None)
     op(_JEQ_K, _AF_UNIX, "allow", "deny")
     labels["ioctl"] = len(code)
     op(_LD_W_ABS, _arg_low(1))
@@ -145,7 +150,7 @@ def install() -> None:
     """Load the filter into the calling process (inherited by every later child). Needs no_new_privs."""
     if not supported():
         raise OSError(f"seccomp filter is only built for x86_64, not {platform.machine()}")
-    prog = _program()
+    prog = _program(loopback=os.environ.get("SANDBOX_NETWORK") == "loopback")
     raw = b"".join(struct.pack("=HBBI", c, jt, jf, k) for c, jt, jf, k in prog)
     buf = ctypes.create_string_buffer(raw, len(raw))
 

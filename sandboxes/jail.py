@@ -36,6 +36,11 @@ JAIL_ENV = {
     "MPLBACKEND": "Agg",
 }
 LAUNCH_ENV = {"PATH": "/usr/bin:/bin"}  # what bwrap itself (jail PID 1) sees: nothing secret
+# network="loopback": the jail keeps its own network namespace (a loopback device and nothing else), and the
+# zygote's seccomp filter and Landlock rule set then allow TCP/UDP sockets in it (read by bpf_filter and landlock
+# from this variable of the zygote's environment, set before they are installed)
+NETWORK_ENV = "SANDBOX_NETWORK"
+NETWORKS = ("none", "loopback")
 
 
 def bwrap_path() -> str | None:
@@ -63,19 +68,24 @@ def _root_entries() -> list[str]:
     return args
 
 
-def zygote_config(preload: list[str], site_dirs: list[str], persistent: bool, pid_namespace: bool = True) -> dict:
+def zygote_config(
+    preload: list[str], site_dirs: list[str], persistent: bool, pid_namespace: bool = True, network: str = "none"
+) -> dict:
     return {
         "preload": preload,
         "site": [f"{SITE_MOUNT}/{i}" for i in range(len(site_dirs))] if pid_namespace else site_dirs,
         "persistent": persistent,
         "pid_namespace": pid_namespace,
-        "env": JAIL_ENV,
+        "env": JAIL_ENV if network == "none" else {**JAIL_ENV, NETWORK_ENV: network},
     }
 
 
-def bwrap_argv(python: str, config: dict, site_dirs: list[str]) -> tuple[list[str], list[int]]:
+def bwrap_argv(
+    python: str, config: dict, site_dirs: list[str], binds: list[tuple[str, str]] = ()
+) -> tuple[list[str], list[int]]:
     """The command line and the fds it needs passed: the in-jail modules are copied in from open
-    files and site dirs bound from open dirs, so no host path shows up in the jail's /proc/1/cmdline."""
+    files, site dirs and ``binds`` (host dir, jail path; read-only) bound from open dirs, so no host
+    path shows up in the jail's /proc/1/cmdline."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise FileNotFoundError("bwrap is not installed (apt-get install bubblewrap)")
@@ -111,6 +121,9 @@ def bwrap_argv(python: str, config: dict, site_dirs: list[str]) -> tuple[list[st
     for i, host_dir in enumerate(site_dirs):
         fds.append(os.open(host_dir, os.O_PATH | os.O_DIRECTORY))
         args += ["--ro-bind-fd", str(fds[-1]), f"{SITE_MOUNT}/{i}"]
+    for host_dir, jail_path in binds:
+        fds.append(os.open(host_dir, os.O_PATH | os.O_DIRECTORY))
+        args += ["--ro-bind-fd", str(fds[-1]), jail_path]
     if not python.startswith("/usr/"):
         args += ["--ro-bind", python, python]
     # the root and /dev are tmpfs the jail's uid owns: read-only, their mode, times and xattrs carry nothing between

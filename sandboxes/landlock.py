@@ -70,9 +70,11 @@ def restrict_self(ruleset_fd: int) -> None:
 
 
 def filesystem_ruleset(version: int, writable: list[str], readable: list[str]) -> int:
-    """Everything read-only below `readable`, full access below `writable`; TCP denied (ABI >= 4)."""
+    """Everything read-only below `readable`, full access below `writable`; TCP denied (ABI >= 4) unless the
+    zygote's environment says SANDBOX_NETWORK=loopback (a network namespace with only a loopback device)."""
     fs = _fs_bits(version)
-    net = NET_BIND_TCP | NET_CONNECT_TCP if version >= 4 else 0
+    loopback = os.environ.get("SANDBOX_NETWORK") == "loopback"
+    net = NET_BIND_TCP | NET_CONNECT_TCP if version >= 4 and not loopback else 0
     fd = _create(fs, net, 0, version)
     for path in readable:
         if os.path.exists(path):

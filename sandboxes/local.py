@@ -57,8 +57,17 @@ def make_pool(
     unsafe: bool = False,
     recycle_after: int = 500,
     limits: Limits | None = None,
+    binds: tuple[tuple[str, str], ...] = (),
+    network: str = "none",
 ) -> WorkerPool:
-    """Build the local pool, or refuse with what is missing when the host cannot isolate."""
+    """Build the local pool, or refuse with what is missing when the host cannot isolate.
+
+    ``binds``: (host dir, absolute jail path) pairs mounted read-only in every jail (a tool's install, a directory
+    holding a unix socket the jail may connect to). ``network``: "none" (no sockets but AF_UNIX) or "loopback" (TCP
+    and UDP inside the jail's own network namespace, which has a loopback device and nothing else: its programs can
+    talk to each other, never to the host or beyond; a forwarder on loopback to a bound unix socket is how a jailed
+    client reaches one host service).
+    """
     report = probe.probe(docker=False)
     missing = report.local_missing
     isolate = not missing
@@ -79,6 +88,17 @@ def make_pool(
     for path in site_packages:
         if not os.path.isdir(path):
             raise ValueError(f"site_packages entry {path!r} is not a directory")
+    binds = tuple(tuple(pair) for pair in binds)
+    for pair in binds:
+        if len(pair) != 2 or not os.path.isdir(pair[0]) or not str(pair[1]).startswith("/") or ".." in pair[1]:
+            raise ValueError(f"binds entry {pair!r} must be (an existing host directory, an absolute jail path)")
+    if network not in jail.NETWORKS:
+        raise ValueError(f"network={network!r}; choose one of {', '.join(jail.NETWORKS)}")
+    if network != "none" and not isolate:
+        raise SandboxUnavailable(
+            f"network={network!r} needs the jail's own network namespace, which this host cannot give: "
+            + "; ".join(missing)
+        )
     limits = limits or Limits()
     use_cgroups = report.root and report.cgroup_writable
     use_uids = report.root
@@ -97,7 +117,9 @@ def make_pool(
                 pids=limits.processes + 8,
                 memory_mb=limits.memory_mb + limits.cgroup_headroom_mb,
             )
-        config = jail.zygote_config(list(preload), list(site_packages), persistent, pid_namespace=isolate)
+        config = jail.zygote_config(
+            list(preload), list(site_packages), persistent, pid_namespace=isolate, network=network
+        )
         scratch = None
         if not isolate:  # no private /tmp: give the worker a scratch dir of its own, never the host's /tmp
             scratch = tempfile.mkdtemp(prefix=f"sandboxes-unsafe-{os.getpid()}-{slot}-")
@@ -106,7 +128,13 @@ def make_pool(
             config.update(scratch=[scratch], landlock=report.landlock_abi > 0, seccomp=report.seccomp)
         try:
             worker = JailWorker(
-                python=python, config=config, site_dirs=list(site_packages), uid=uid, cgroup=cgroup, isolate=isolate
+                python=python,
+                config=config,
+                site_dirs=list(site_packages),
+                binds=list(binds),
+                uid=uid,
+                cgroup=cgroup,
+                isolate=isolate,
             )
         except BaseException:
             if cgroup is not None:

@@ -116,6 +116,7 @@ class JailWorker(Worker):
         python: str,
         config: dict,
         site_dirs: list[str],
+        binds: list[tuple[str, str]] = (),
         uid: int | None,
         cgroup: SlotCgroup | None,
         isolate: bool = True,
@@ -125,7 +126,7 @@ class JailWorker(Worker):
         self.scratch: str | None = None
         fds: list[int] = []
         if isolate:
-            argv, fds = jail.bwrap_argv(python, config, site_dirs)
+            argv, fds = jail.bwrap_argv(python, config, site_dirs, binds)
         else:
             argv = [python, "-I", "-S", os.path.join(jail.PACKAGE_DIR, "zygote.py"), json.dumps(config)]
         argv = jail.launcher_argv(cgroup.procs_files() if cgroup is not None else [], argv)
