@@ -11,9 +11,11 @@ ends, so nothing of one episode is left for the next) gets:
   and is captured token-exactly; the harness can reach nothing else on any network.
 
 The jail's ``/tmp/work`` holds ``task/`` (the harness's working directory, graded afterwards), ``home/`` (its HOME
-and config) and ``logs/``. A harness that exits non-zero or dies is a ``harness_crash``, one that runs past
-``timeout_s`` (a harness looping forever) a ``harness_timeout``, one that is not installed ``harness_missing``: the
-episode is dropped and counted under that reason (``rollout/dropped/failure_<reason>``), never trained on as reward 0.
+and config) and ``logs/``. A harness that ends by itself is graded whatever its exit code (a CLI that gives up, past
+its turn or output-token limits, exits 1: that is the policy's doing, and ``info["exit_code"]`` says so). One that is
+killed by a signal, cannot be started or takes its jail down is a ``harness_crash``, one that runs past ``timeout_s``
+(a harness looping forever) a ``harness_timeout``, one that is not installed ``harness_missing``: the episode is
+dropped and counted under that reason (``rollout/dropped/failure_<reason>``), never trained on as reward 0.
 """
 
 from __future__ import annotations
@@ -139,13 +141,13 @@ class HarnessAgent(ChatAgent):
             raise HarnessFailure(
                 "harness_crash", f"{name}'s jail ended with status {result.status}: {result.stderr[-800:]}"
             ) from None
-        if report["exit_code"] != 0:
-            raise HarnessFailure(
-                "harness_crash", f"{name} exited with {report['exit_code']}: {report['stderr_tail'][-800:]}"
-            )
+        code = report["exit_code"]
+        if code < 0 or code >= 126:  # a signal (subprocess reports -N), or 126/127: it could not be executed
+            how = f"was killed by signal {-code}" if code < 0 else f"could not be executed ({code})"
+            raise HarnessFailure("harness_crash", f"{name} {how}: {report['stderr_tail'][-800:]}")
         stdout = await _read(sandbox, "logs/stdout") or ""
         files = {path: await _read(sandbox, f"task/{path}") for path in self.graded_files}
-        run = HarnessRun(0, stdout, report["stderr_tail"], "", files, leftovers)
+        run = HarnessRun(code, stdout, report["stderr_tail"], "", files, leftovers)
         run.final_text = self.final_text(run)
         return run
 

@@ -42,6 +42,7 @@ class _AnswerFileTask(HarnessAgent):
             "file_written": float(content is not None),
             "answer_in_reply": named,
             "jail_leftovers": float(len(run.leftovers)),
+            "exit_code": float(run.exit_code),
         }
         return Result(reward=correct, info=info)
 

@@ -76,12 +76,18 @@ async def test_a_harness_that_runs_too_long_is_a_counted_timeout(tiny_tokenizer)
     assert segment.failure.startswith("harness_timeout:") and segment.num_turns == 1
 
 
-async def test_a_harness_that_exits_non_zero_is_a_counted_crash(tiny_tokenizer):
-    calls_forever = writes_answer(ClaudeCodeAgent, "true")  # past --max-turns, claude -p exits with an error
+async def test_a_harness_that_gives_up_is_graded_not_dropped(tiny_tokenizer):
+    calls_forever = writes_answer(ClaudeCodeAgent, "true")  # past --max-turns, claude -p exits 1
     _, [[segment]] = await episodes(
         lambda: ClaudeCodeAgent(max_turns=1), lambda turn, _: calls_forever, tokenizer=tiny_tokenizer
     )
-    assert segment.failure.startswith("harness_crash:"), segment.failure
+    assert segment.failure is None and segment.reward == 0.0 and segment.info["exit_code"] == 1.0
+
+
+async def test_a_harness_killed_by_a_signal_is_a_counted_crash(tiny_tokenizer):
+    kill_harness = writes_answer(ClaudeCodeAgent, "kill -9 $PPID")  # the model's command kills Claude Code
+    _, [[segment]] = await episodes(ClaudeCodeAgent, lambda turn, _: kill_harness, tokenizer=tiny_tokenizer)
+    assert segment.failure.startswith("harness_crash:") and "signal 9" in segment.failure, segment.failure
 
 
 async def test_a_missing_install_is_counted_and_says_how_to_install(tiny_tokenizer, tmp_path):
