@@ -19,7 +19,7 @@ Reported per level, over all calls after a warm-up round:
 - ``server CPU ms/call``: the server process's CPU time (user + system, 10 ms ticks) over the calls, session
   open/delete included, so it errs high; ``calls/s``: chat calls per second of the load generators' wall time.
 
-    .venv/bin/python benchmarks/session_server_bench.py [--engine-ms 200] [--levels 1 10 100] [--wire openai]
+    .venv/bin/python benchmarks/session_server_bench.py [--engine-ms 200] [--levels 1 10 100] [--wire openai responses]
 """
 
 from __future__ import annotations
@@ -70,9 +70,12 @@ async def _conversation(http, url: str, turns: int, wire: str, sink: list, syste
     messages = [{"role": "user", "content": "Natalia sold clips to 48 of her friends in April. How many in all?"}]
     if system_chars:  # a long context: the template and tokenizer work then goes to the tokenizer pool
         messages.insert(0, {"role": "system", "content": ("You are careful. " * system_chars)[:system_chars]})
-    path = f"{url}/s/{session}/v1/chat/completions" if wire == "openai" else f"{url}/s/{session}/v1/messages"
+    route = {"openai": "chat/completions", "anthropic": "messages", "responses": "responses"}[wire]
+    path = f"{url}/s/{session}/v1/{route}"
     for turn in range(turns):
         body = {"model": "policy", "messages": messages, "max_tokens": 64}
+        if wire == "responses":  # the whole history as input items, as Codex sends it (store: false)
+            body = {"model": "policy", "input": messages, "max_output_tokens": 64, "store": False}
         started = time.perf_counter()
         response = await http.post(path, json=body)
         latency = time.perf_counter() - started
@@ -80,7 +83,12 @@ async def _conversation(http, url: str, turns: int, wire: str, sink: list, syste
         timing = dict(re.findall(r"(\w+);dur=([\d.]+)", response.headers["server-timing"]))
         sink.append((latency * 1000, float(timing["handler"]) - float(timing["engine"])))
         data = response.json()
-        text = data["choices"][0]["message"]["content"] if wire == "openai" else data["content"][0]["text"]
+        if wire == "openai":
+            text = data["choices"][0]["message"]["content"]
+        elif wire == "responses":
+            text = data["output"][0]["content"][0]["text"]
+        else:
+            text = data["content"][0]["text"]
         messages = messages + [{"role": "assistant", "content": text}, {"role": "user", "content": f"And {turn}?"}]
     await http.delete(f"{url}/sessions/{session}")
 
@@ -141,7 +149,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--levels", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--turns", type=int, default=6, help="calls per session (each extends the conversation)")
-    parser.add_argument("--wire", choices=["openai", "anthropic"], nargs="+", default=["openai", "anthropic"])
+    parser.add_argument(
+        "--wire", choices=["openai", "anthropic", "responses"], nargs="+", default=["openai", "anthropic", "responses"]
+    )
     parser.add_argument(
         "--clients", type=int, default=4, help="load-generating processes (one is the bottleneck at 100 sessions)"
     )

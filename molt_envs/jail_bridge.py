@@ -8,6 +8,7 @@ one JSON line: ``{"exit_code", "stdout_tail", "stderr_tail"}``. So a harness tha
 Claude Code) reaches its session and nothing else.
 """
 
+import contextlib
 import json
 import os
 import socket
@@ -26,10 +27,8 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
         pass
     finally:
         for end, how in ((sink, socket.SHUT_WR), (source, socket.SHUT_RD)):
-            try:
+            with contextlib.suppress(OSError):
                 end.shutdown(how)
-            except OSError:
-                pass
 
 
 def _forward(listener: socket.socket, path: str) -> None:

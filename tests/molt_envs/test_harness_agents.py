@@ -62,9 +62,7 @@ async def test_the_cli_runs_its_tool_in_the_jail_and_the_workspace_is_graded(tin
 
 
 async def test_a_wrong_answer_is_reward_zero_not_a_failure(tiny_tokenizer):
-    _, [[segment]] = await episodes(
-        ClaudeCodeAgent, lambda turn, _: "I cannot do that.", tokenizer=tiny_tokenizer
-    )
+    _, [[segment]] = await episodes(ClaudeCodeAgent, lambda turn, _: "I cannot do that.", tokenizer=tiny_tokenizer)
     assert segment.failure is None and segment.reward == 0.0 and segment.info["file_written"] == 0.0
 
 

@@ -81,7 +81,9 @@ async def test_loopback_jail_reaches_its_own_loopback_and_the_bound_socket_only(
 
 async def test_without_network_the_jail_still_gets_no_inet_socket():
     async with sandboxes.open("local", workers=1) as sb:
-        result = await sb.run_python("import socket\ntry:\n    socket.socket()\nexcept OSError as e:\n    print(e.errno)")
+        result = await sb.run_python(
+            "import socket\ntry:\n    socket.socket()\nexcept OSError as e:\n    print(e.errno)"
+        )
     assert result.stdout.strip() == "1"  # EPERM from the seccomp filter, as before
 
 
