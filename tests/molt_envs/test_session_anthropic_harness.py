@@ -88,9 +88,17 @@ async def test_tool_results_as_arrays_and_thinking_blocks_continue_the_segment(s
     assert second.content[0].text == "It is 42."
     [segment] = session.segments  # the thinking block (no place in this template) did not break the continuation
     delta = engine.calls[1][0][len(engine.calls[0][0]) + len(engine.calls[0][2].token_ids) :]
-    assert tok.decode(delta) == "\n<|im_start|>user<tool_response>\n42\n</tool_response><|im_end|>\n" + (
-        "<|im_start|>assistant\n"
-    )
+    chat = [
+        *CHAT,
+        {
+            "role": "assistant",
+            "content": "Computing.",
+            "tool_calls": [{"type": "function", "function": {"name": "calc", "arguments": '{"expr": "6*7"}'}}],
+        },
+        {"role": "tool", "tool_call_id": tool_use.id, "content": "42"},
+    ]
+    after_reply = render(tok, chat, [CALC_TOOL])[len(render(tok, chat[:4], [CALC_TOOL], generation_prompt=False)) :]
+    assert tok.decode(delta) == "\n" + after_reply and "<tool_response>\n42\n</tool_response>" in after_reply
     assert len(segment.action_ranges) == 2
 
 
