@@ -23,17 +23,13 @@ from typing import Any
 from packaging.requirements import InvalidRequirement, Requirement
 
 from env_registry import names
-from env_registry.errors import Error, ManifestError
+from env_registry.errors import InvalidArtifact, ManifestError
 from env_registry.manifest import EnvManifest, manifests_from_pyproject
 from env_registry.registry import ENTRY_POINT_GROUP, MANIFEST_METADATA_PATH
 
 MAX_METADATA_BYTES = 1 << 20
 MAX_UNPACKED_BYTES = 512 << 20
 MAX_SDIST_MEMBERS = 20_000
-
-
-class InvalidArtifact(Error, ValueError):
-    """A wheel or sdist that is not a well-formed env package release."""
 
 
 @dataclass(frozen=True)

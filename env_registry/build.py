@@ -20,15 +20,11 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from env_registry import names
 from env_registry.artifacts import Release, check_entry_points, inspect_release
-from env_registry.errors import Error, ManifestError
+from env_registry.errors import BuildError, ManifestError
 from env_registry.manifest import EnvManifest, parse_manifests
 from env_registry.registry import ENTRY_POINT_GROUP
 
 BUILD_TIMEOUT_S = 600
-
-
-class BuildError(Error):
-    """The source tree cannot be built into a release."""
 
 
 @dataclass(frozen=True)

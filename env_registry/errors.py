@@ -1,45 +1,71 @@
-"""Error types of the registry. Every message names the offending value and says what to do."""
+"""Every error the registry raises, each named for the boundary it guards: an ID, a registration, a lookup, a
+manifest, a package name, a release file, a build, an install. Every message names the offending value and says what
+to do. The registry server's store keeps its HTTP-status errors (`Conflict`, `NotFound`, `Forbidden`) in
+``env_registry.store``; they derive from `Error` like these.
+"""
 
 
 class Error(Exception):
-    """Base class of registry errors."""
+    """Base class of every error the registry raises (catch this to catch them all)."""
 
 
 class InvalidEnvId(Error, ValueError):
-    """The string is not a valid ``[namespace/]name[-vN][@package_version]`` ID."""
+    """Raised when a string is not a valid ``[namespace/]name[-vN][@package_version]`` env ID."""
 
 
 class RegistrationError(Error):
-    """An env cannot be registered (conflicting versioned/unversioned IDs, bad entry point, ...)."""
+    """Raised when an env cannot be registered (versioned and unversioned IDs in conflict, a bad entry point, ...)."""
 
 
 class UnregisteredEnv(Error):
-    """No env is registered under the requested ID."""
+    """Raised when no env is registered under the requested ID (the base of the three below)."""
 
 
 class NamespaceNotFound(UnregisteredEnv):
-    pass
+    """Raised when the ID's namespace has no registered env at all."""
 
 
 class NameNotFound(UnregisteredEnv):
-    pass
+    """Raised when the namespace has no env of that name (the message suggests close names), or when the module of a
+    ``"module:ns/name-v1"`` ID cannot be imported."""
 
 
 class VersionNotFound(UnregisteredEnv):
-    pass
+    """Raised when the requested version is newer than every registered one (the message lists those)."""
 
 
 class DeprecatedEnv(Error):
-    """The requested version is older than the latest and no longer registered."""
+    """Raised when the requested version is older than the latest and no longer registered, or the env is registered
+    without a version."""
 
 
 class PackageVersionMismatch(Error):
-    """``make("ns/name-v1@X")`` pinned a package version other than the one installed."""
+    """Raised when ``make("ns/name-v1@X")`` pins a package version other than the installed one."""
 
 
 class ManifestError(Error, ValueError):
-    """A ``[tool.molt.env]`` manifest is invalid."""
+    """Raised when a ``[tool.molt.env]`` manifest is invalid (the message names the field and the value)."""
+
+
+class InvalidName(Error, ValueError):
+    """Raised when a package, version, file or publisher name is one the registry refuses."""
+
+
+class InvalidArtifact(Error, ValueError):
+    """Raised when a wheel or sdist is not a well-formed env package release."""
+
+
+class BuildError(Error):
+    """Raised when a source tree cannot be built into a release."""
+
+
+class HashMismatch(Error):
+    """Raised when a downloaded file does not match the sha256 the registry's index lists for it."""
+
+
+class InstallError(Error):
+    """Raised when pip fails to install a release."""
 
 
 class DeprecatedEnvWarning(UserWarning):
-    """An older registered version was requested, or an unversioned ID resolved to the latest version."""
+    """Warned when an older registered version is requested, or an unversioned ID resolves to the latest version."""

@@ -16,19 +16,11 @@ from pathlib import Path
 from env_registry import names
 from env_registry.artifacts import file_sha256
 from env_registry.client import RegistryClient
-from env_registry.errors import Error
+from env_registry.errors import HashMismatch, InstallError
 from env_registry.ids import parse_env_id
 from env_registry.store import LocalRegistry, ReleaseInfo
 
 PIP_TIMEOUT_S = 900
-
-
-class HashMismatch(Error):
-    """A downloaded file does not match the sha256 the registry's index lists for it."""
-
-
-class InstallError(Error):
-    """pip failed to install the release."""
 
 
 def install(env_id: str, registry: LocalRegistry | RegistryClient, python: str | None = None) -> ReleaseInfo:

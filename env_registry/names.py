@@ -17,15 +17,11 @@ from packaging.utils import (
 )
 from packaging.version import InvalidVersion, Version
 
-from env_registry.errors import Error
+from env_registry.errors import InvalidName
 
 MAX_NAME_LENGTH = 100
 _PACKAGE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$")  # PEP 508 names
 _PUBLISHER = re.compile(r"^[a-z0-9][a-z0-9_-]{0,63}$")
-
-
-class InvalidName(Error, ValueError):
-    """A package, version, file or publisher name the registry refuses."""
 
 
 def package_name(name: str) -> str:

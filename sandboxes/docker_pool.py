@@ -82,7 +82,7 @@ def image_tag() -> str:
     """Content-addressed: the zygote's code and the interpreter it wraps."""
     digest = hashlib.sha256()
     for name in jail.IN_JAIL_MODULES:
-        with open(os.path.join(jail.PACKAGE_DIR, name), "rb") as handle:
+        with open(os.path.join(jail.IN_JAIL_DIR, name), "rb") as handle:
             digest.update(handle.read())
     digest.update(os.path.realpath(PYTHON).encode() + str(os.stat(PYTHON).st_mtime).encode())
     return f"{IMAGE_REPOSITORY}:{digest.hexdigest()[:16]}"
@@ -129,7 +129,7 @@ def ensure_image(client) -> str:
                 filter=lambda t: None if "/test/" in t.name or t.name.endswith("/test") else _copy_not_link(t),
             )
             for name in jail.IN_JAIL_MODULES:
-                tar.add(os.path.join(jail.PACKAGE_DIR, name), arcname=f"opt/sandboxes/{name}")
+                tar.add(os.path.join(jail.IN_JAIL_DIR, name), arcname=f"opt/sandboxes/{name}")
             passwd = b"root:x:0:0::/:/bin/sh\nnobody:x:65534:65534::/tmp:/bin/sh\n"
             info = tarfile.TarInfo("etc/passwd")
             info.size = len(passwd)

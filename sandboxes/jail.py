@@ -16,7 +16,11 @@ import sys
 from functools import cache
 
 PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-IN_JAIL_MODULES = ("zygote.py", "frames.py", "bpf_filter.py", "landlock.py")
+# What each jail holds of ours: every module of sandboxes/injail/ (the worker `zygote.py` and its siblings), no other.
+IN_JAIL_DIR = os.path.join(PACKAGE_DIR, "injail")
+IN_JAIL_MODULES = tuple(
+    sorted(name for name in os.listdir(IN_JAIL_DIR) if name.endswith(".py") and name != "__init__.py")
+)
 JAIL_CODE_DIR = "/opt/sandboxes"
 SITE_MOUNT = "/opt/site"
 INSIDE_UID = 1000
@@ -116,7 +120,7 @@ def bwrap_argv(
     args += ["--size", str(64 << 20), "--tmpfs", "/dev/shm"]
     fds = []
     for name in IN_JAIL_MODULES:
-        fds.append(os.open(os.path.join(PACKAGE_DIR, name), os.O_RDONLY))
+        fds.append(os.open(os.path.join(IN_JAIL_DIR, name), os.O_RDONLY))
         args += ["--perms", "0444", "--ro-bind-data", str(fds[-1]), f"{JAIL_CODE_DIR}/{name}"]
     for i, host_dir in enumerate(site_dirs):
         fds.append(os.open(host_dir, os.O_PATH | os.O_DIRECTORY))

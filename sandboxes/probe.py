@@ -9,7 +9,8 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from functools import lru_cache
 
-from sandboxes import bpf_filter, cgroups, jail, landlock
+from sandboxes import cgroups, jail
+from sandboxes.injail import bpf_filter, landlock
 
 
 @dataclass(frozen=True)

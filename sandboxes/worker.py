@@ -14,9 +14,10 @@ import subprocess
 import sys
 import time
 
-from sandboxes import frames, jail
+from sandboxes import jail
 from sandboxes.cgroups import SlotCgroup
 from sandboxes.errors import WorkerDied
+from sandboxes.injail import frames
 
 READY_TIMEOUT_S = 60.0
 REPLY_GRACE_S = 10.0
@@ -128,7 +129,7 @@ class JailWorker(Worker):
         if isolate:
             argv, fds = jail.bwrap_argv(python, config, site_dirs, binds)
         else:
-            argv = [python, "-I", "-S", os.path.join(jail.PACKAGE_DIR, "zygote.py"), json.dumps(config)]
+            argv = [python, "-I", "-S", os.path.join(jail.IN_JAIL_DIR, "zygote.py"), json.dumps(config)]
         argv = jail.launcher_argv(cgroup.procs_files() if cgroup is not None else [], argv)
         privilege = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
         self.proc = subprocess.Popen(

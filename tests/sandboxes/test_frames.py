@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from sandboxes import frames
+from sandboxes.injail import frames
 
 
 def test_encodes_what_json_dumps_compact_does():
