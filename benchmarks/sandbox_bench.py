@@ -11,6 +11,13 @@ CPU ms/exec = CPU time of everything the calls ran (our process, subprocesses, j
 cpuacct cgroup when we are root; unlike wall-clock figures it barely moves when other work shares the
 cores, and 1000 * cores / (CPU ms/exec) bounds the executions/s the machine can sustain.
 Docker's containers live in the engine's cgroups, so tier (c) has no CPU figure.
+
+    .venv/bin/python benchmarks/sandbox_bench.py --ab-injail DIR [--n 300] [--blocks 16]
+
+instead runs only tier (b) twice over, side by side: one warm pool whose jails run the in-jail modules in DIR (another
+version of sandboxes/injail/, e.g. `git archive REV sandboxes/injail | tar -x --strip-components=2 -C DIR`) and one
+running the current ones, `--blocks` blocks of `--n` sequential calls each, alternated; each side's p50 and CPU
+ms/call, and how many blocks the current code won.
 """
 
 from __future__ import annotations
@@ -124,6 +131,48 @@ async def bench_provider(label: str, provider: str, n: int, concurrency: int, op
     return summarize(label, latencies, throughput, cpu_ms)
 
 
+async def bench_ab(old_dir: str, n: int, blocks: int, workers: int) -> None:
+    """Tier (b) with the in-jail modules of `old_dir` against the current ones, in alternated blocks of `n` calls."""
+    from sandboxes import jail
+
+    current = (jail.IN_JAIL_DIR, jail.IN_JAIL_MODULES)
+    old = (old_dir, tuple(sorted(f for f in os.listdir(old_dir) if f.endswith(".py") and f != "__init__.py")))
+    sides = {}
+    for label, (directory, modules) in (("old", old), ("new", current)):
+        jail.IN_JAIL_DIR, jail.IN_JAIL_MODULES = directory, modules  # read when a worker starts
+        # a pool of its own per side (pools are shared by options), never recycled: its jails keep their code
+        sides[label] = sb = sandboxes.open("local", wall_s=10, workers=workers, recycle_after=10**9 + len(sides))
+        await sb.start()
+        await asyncio.gather(*(sb.run_python(SNIPPET) for _ in range(4 * workers)))  # every worker started
+    jail.IN_JAIL_DIR, jail.IN_JAIL_MODULES = current
+    latencies = {label: [] for label in sides}
+    cpu_ns = dict.fromkeys(sides, 0)
+    block_p50 = {label: [] for label in sides}
+    for block in range(blocks):
+        for label in ("old", "new") if block % 2 == 0 else ("new", "old"):
+            sb, times = sides[label], []
+            before = METER.read() if METER else None
+            for _ in range(n):
+                start = time.perf_counter()
+                r = await sb.run_python(SNIPPET)
+                times.append(time.perf_counter() - start)
+                assert r.stdout == "4950\n", r
+            if before is not None:
+                cpu_ns[label] += METER.read() - before
+            latencies[label] += times
+            block_p50[label].append(statistics.median(times) * 1000)
+    for sb in sides.values():
+        await sb.close()
+    wins = sum(new < old for old, new in zip(block_p50["old"], block_p50["new"], strict=True))
+    print(f"{'side':<6}{'p50 ms':>9}{'p99 ms':>9}{'CPU ms/exec':>13}   block p50s (ms)")
+    for label, times in latencies.items():
+        ms = [t * 1000 for t in times]
+        cpu = f"{cpu_ns[label] / len(times) / 1e6:>13.3f}" if METER and METER.path else f"{'n/a':>13}"
+        blocks_text = " ".join(f"{x:.2f}" for x in block_p50[label])
+        print(f"{label:<6}{statistics.median(ms):>9.3f}{percentile(ms, 0.99):>9.2f}{cpu}   {blocks_text}")
+    print(f"new p50 lower than old in {wins} of {blocks} blocks; old = {old_dir}")
+
+
 def summarize(label: str, latencies: list[float], throughput: float, cpu_ms: float | None) -> dict:
     ms = [x * 1000 for x in latencies]
     return {
@@ -150,6 +199,8 @@ async def main() -> None:
     parser.add_argument("--n", type=int, default=300, help="sequential calls per tier (throughput runs 3n)")
     parser.add_argument("--concurrency", type=int, default=8, help="calls in flight for the throughput run")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="warm workers in our pools")
+    parser.add_argument("--ab-injail", metavar="DIR", help="tier (b) only: DIR's in-jail modules vs the current ones")
+    parser.add_argument("--blocks", type=int, default=16, help="alternated blocks of --n calls per side (--ab-injail)")
     args = parser.parse_args()
     global METER
     METER = CpuMeter()
@@ -160,6 +211,12 @@ async def main() -> None:
         f"# snippet {SNIPPET!r}; n={args.n}; concurrency={args.concurrency}; workers={args.workers}; "
         f"landlock ABI {report.landlock_abi}, cgroup {report.cgroup}, docker {report.docker or 'none'}"
     )
+    if args.ab_injail:
+        await bench_ab(args.ab_injail, args.n, args.blocks, args.workers)
+        sandboxes.shutdown()
+        METER.close()
+        print(f"# load average before: {load_before}; after: {load_average()}")
+        return
     rows = [bench_fresh(args.n, min(args.concurrency, os.cpu_count() or 2))]
     rows.append(
         await bench_provider("b: sandboxes local", "local", args.n, args.concurrency, {"workers": args.workers})

@@ -18,6 +18,11 @@ from env_registry.manifest import DatasetSplit, EnvSpec
 
 
 def split_config(spec: EnvSpec, split: str) -> DatasetSplit:
+    """The manifest's declaration of one split.
+
+    Raises:
+        Error: if the spec has no such split (the message lists the available ones).
+    """
     if split not in spec.datasets:
         available = ", ".join(sorted(spec.datasets)) or "none"
         raise Error(f"{spec.id!r} has no dataset split {split!r}; available splits: {available}")
@@ -25,7 +30,11 @@ def split_config(spec: EnvSpec, split: str) -> DatasetSplit:
 
 
 def split_path(spec: EnvSpec, split: str) -> Path:
-    """The JSONL file of a path-based split (relative to the env module's package directory)."""
+    """The JSONL file of a path-based split (relative to the env module's package directory).
+
+    Raises:
+        Error: if the split does not exist or its file is missing from the installed package.
+    """
     cfg = split_config(spec, split)
     module = spec.entry_point.partition(":")[0]
     package = module.rpartition(".")[0] or module
@@ -36,6 +45,18 @@ def split_path(spec: EnvSpec, split: str) -> Path:
 
 
 def iter_split(spec: EnvSpec, split: str) -> Iterator[dict[str, Any]]:
+    """Stream a split's rows, normalized (see ``normalize_row``), from its JSONL file or its generator.
+
+    Args:
+        spec: the env's spec. split: e.g. ``"train"``.
+
+    Returns:
+        An iterator of ``{"prompt", "label", "reference", "row"}`` dicts.
+
+    Raises:
+        Error: for a missing split or file, a line that is not JSON, or a row without the split's keys (the
+            message names the row and its fields).
+    """
     cfg = split_config(spec, split)
     if cfg.generator is not None:
         module, _, fn = cfg.generator.partition(":")
@@ -47,10 +68,20 @@ def iter_split(spec: EnvSpec, split: str) -> Iterator[dict[str, Any]]:
 
 
 def load_split(spec: EnvSpec, split: str, limit: int | None = None) -> list[dict[str, Any]]:
+    """The first ``limit`` rows of a split (all of them for None), as ``iter_split`` yields them.
+
+    Raises:
+        Error: as ``iter_split``.
+    """
     return list(islice(iter_split(spec, split), limit))
 
 
 def count_rows(spec: EnvSpec, split: str) -> int:
+    """How many rows a split has (a file's non-empty lines, counted without parsing them; a generator's rows).
+
+    Raises:
+        Error: for a missing split or file.
+    """
     cfg = split_config(spec, split)
     if cfg.path is not None:
         with split_path(spec, split).open("rb") as f:
@@ -59,6 +90,15 @@ def count_rows(spec: EnvSpec, split: str) -> int:
 
 
 def normalize_row(row: dict[str, Any], cfg: DatasetSplit, where: str) -> dict[str, Any]:
+    """One raw row as ``{"prompt": chat messages | as given, "label", "reference", "row": raw}``: a string input goes
+    through the split's prompt template and system prompt.
+
+    Args:
+        row: the raw row. cfg: the split's declaration. where: names the row in errors.
+
+    Raises:
+        Error: if the row lacks the input or label key.
+    """
     for key in (cfg.input_key, cfg.label_key):
         if key not in row:
             raise Error(f"{where} has no {key!r} field (its fields: {sorted(row)}); fix the data or the split's keys")

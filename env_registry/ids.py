@@ -18,6 +18,13 @@ _ID = re.compile(
 
 @dataclass(frozen=True)
 class EnvId:
+    """A parsed env ID (see ``parse_env_id``); ``str()`` gives it back in canonical form.
+
+    Attributes:
+        namespace: before the ``/``, or None. name: the env's name. version: N of ``-vN``, or None.
+        pin: the package version after ``@``, or None.
+    """
+
     namespace: str | None
     name: str
     version: int | None
@@ -30,6 +37,7 @@ class EnvId:
 
     @property
     def unpinned(self) -> str:
+        """``namespace/name-vN`` without the pin."""
         return self.base if self.version is None else f"{self.base}-v{self.version}"
 
     def __str__(self) -> str:
@@ -37,6 +45,18 @@ class EnvId:
 
 
 def parse_env_id(env_id: str) -> EnvId:
+    """Parse ``[namespace/]name[-vN][@package_version]``.
+
+    Args:
+        env_id: the ID, e.g. ``"acme/echo-v1@1.0.2"``.
+
+    Returns:
+        Its ``EnvId``.
+
+    Raises:
+        InvalidEnvId: if it is not a string, not of that form, or longer than ``MAX_ID_LENGTH`` (the message shows
+            the form with an example).
+    """
     if not isinstance(env_id, str):
         raise InvalidEnvId(f"an env ID must be a string, got {type(env_id).__name__} {env_id!r}")
     match = _ID.fullmatch(env_id) if len(env_id) <= MAX_ID_LENGTH else None

@@ -235,19 +235,76 @@ registry = Registry()
 
 
 def register(env_id: str, entry_point: str, **fields: Any) -> EnvSpec:
+    """Register an env at run time (installed packages register through the ``molt.envs`` entry points instead).
+
+    Args:
+        env_id: ``[namespace/]name[-vN]`` (no ``@`` pin).
+        entry_point: ``"package.module:Class"`` of the ``Env`` or ``ChatAgent``.
+        **fields: any other ``EnvSpec`` field (kind, kwargs, max_turns, datasets, ...).
+
+    Returns:
+        The registered ``EnvSpec``.
+
+    Raises:
+        InvalidEnvId: if ``env_id`` is not a valid ID.
+        RegistrationError: for a pinned ID, fields that do not make a valid spec, or an ID that conflicts with a
+            registered versioned/unversioned one.
+    """
     return registry.register(env_id, entry_point, **fields)
 
 
 def spec(env_id: str) -> EnvSpec:
+    """The ``EnvSpec`` registered under ``env_id``, without importing the env's module.
+
+    An unversioned ID resolves to the latest version and an older version still works, both with a
+    ``DeprecatedEnvWarning``; ``"module:ns/name-v1"`` imports ``module`` first (so it can register).
+
+    Args:
+        env_id: ``[module:][namespace/]name[-vN][@package_version]``.
+
+    Returns:
+        The spec.
+
+    Raises:
+        InvalidEnvId: if ``env_id`` is not a valid ID.
+        NamespaceNotFound, NameNotFound, VersionNotFound: if nothing is registered under it (the message suggests
+            close names or lists the versions); NameNotFound also when a ``"module:"`` prefix cannot be imported.
+        DeprecatedEnv: for an older version that is no longer registered.
+        PackageVersionMismatch: if an ``@version`` pin differs from the installed package's version.
+    """
     return registry.spec(env_id)
 
 
 def make(env_id: str, **kwargs: Any) -> Any:
+    """A fresh instance of the env (one per episode), stamped with its spec.
+
+    Args:
+        env_id: as for ``spec``.
+        **kwargs: overlay the spec's ``kwargs`` (passed to the env's constructor).
+
+    Returns:
+        The new ``Env`` or ``ChatAgent``.
+
+    Raises:
+        InvalidEnvId: if ``env_id`` is not a valid ID.
+        NamespaceNotFound, NameNotFound, VersionNotFound: if nothing is registered under it (the message suggests
+            close names or lists the versions); NameNotFound also when a ``"module:"`` prefix cannot be imported.
+        DeprecatedEnv: for an older version that is no longer registered.
+        PackageVersionMismatch: if an ``@version`` pin differs from the installed package's version.
+        RegistrationError: if the entry point's module or class cannot be loaded.
+    """
     return registry.make(env_id, **kwargs)
 
 
 def pprint_registry(print_output: bool = True) -> str:
-    """Every registered ID grouped by namespace, versions together."""
+    """Every registered ID grouped by namespace, versions together, with its kind and package.
+
+    Args:
+        print_output: also print it.
+
+    Returns:
+        The listing.
+    """
     groups: dict[str, list[str]] = {}
     for env_id in sorted(registry):
         groups.setdefault(parse_env_id(env_id).namespace or "(no namespace)", []).append(env_id)

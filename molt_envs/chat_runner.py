@@ -49,7 +49,12 @@ async def close_session_servers() -> None:
 
 
 class ChatAgentRunner(Runner):
-    """``agent_factory`` is called once per rollout and must return a ``ChatAgent``."""
+    """Runs a ``ChatAgent`` against the session server; ``execute`` returns every segment the session captured.
+
+    Args:
+        agent_factory: called once per rollout; must return a ``ChatAgent``.
+        env_id, spec_hash: stamped on every segment.
+    """
 
     def __init__(
         self, agent_factory: Callable[[], ChatAgent], *, env_id: str | None = None, spec_hash: str | None = None

@@ -20,7 +20,18 @@ from typing import Any, TypedDict
 
 @dataclass
 class SamplingParams:
-    """Sampling parameters pinned on every generate call (engines never fill them from model defaults)."""
+    """Sampling parameters pinned on every generate call (engines never fill them from model defaults).
+
+    Attributes:
+        temperature: >= 0; 0 is greedy (log-probs then at temperature 1).
+        top_p: nucleus mass in (0, 1]. top_k: -1 (off) or >= 1.
+        max_tokens: most tokens to generate. min_tokens: fewest before a stop token may end the turn.
+        stop_token_ids: tokens that end a turn (None: the tokenizer's end-of-sequence tokens).
+        seed: per-request sampling seed (None: unseeded).
+
+    Raises:
+        ValueError: for a value out of range (the message names the field and the value).
+    """
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -41,11 +52,28 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 0, got {self.max_tokens!r}")
 
     def updated(self, **changes: Any) -> SamplingParams:
+        """A copy with ``changes`` applied (validated again).
+
+        Raises:
+            ValueError: for a value out of range. TypeError: for an unknown field.
+        """
         return replace(self, **changes)
 
     @classmethod
     def coerce(cls, value: SamplingParams | dict | None, base: SamplingParams | None = None) -> SamplingParams:
-        """Accept a SamplingParams, a dict of overrides on ``base``, or None (keep ``base``)."""
+        """Accept a SamplingParams, a dict of overrides on ``base``, or None (keep ``base``).
+
+        Args:
+            value: what an env or a caller handed over.
+            base: the params the overrides apply to (default: ``SamplingParams()``).
+
+        Returns:
+            The params to use.
+
+        Raises:
+            TypeError: if ``value`` is none of those (or a dict names an unknown field).
+            ValueError: for an override out of range.
+        """
         base = base or cls()
         if value is None:
             return base
@@ -58,12 +86,26 @@ class SamplingParams:
 
 @dataclass
 class Result:
-    """What ``Env.step`` and ``ChatAgent.run`` return.
+    """What ``Env.step`` and ``ChatAgent.run`` return: Gymnasium's step tuple plus extras.
 
     ``observation`` is the next turn's input. A list of chat messages (``[{"role": "user", "content": ...}]``, or
     ``"tool"`` messages) is rendered by the model's own chat template as the turn that follows the model's action,
     so an env works with any model; a ``str`` is raw text appended as is (it must already be in the model's chat
     format). Either way the runner appends it as masked tokens.
+
+    Attributes:
+        reward: this turn's reward (a number or a one-element tensor/array; summed over an episode's turns).
+        observation: the next turn's input, as above (masked: not trained on).
+        terminated: the episode is over. truncated: it was cut short (recorded on the trajectory).
+        info: anything JSON-like to keep with the trajectory.
+        score: for dynamic filtering and dashboards (default: ``reward``).
+        images: images for the next turn (PIL images), added to the context.
+        sampling_params: replaces (``SamplingParams``) or overrides (dict) the params of later turns.
+
+    Raises:
+        TypeError: for a reward/score that is not a number, an observation that is neither a str nor a list of
+            messages with a ``"role"``, or info that is not a dict.
+        ValueError: for a non-finite reward or score, or an empty tensor.
     """
 
     reward: float = 0.0
@@ -109,7 +151,9 @@ def _scalar(name: str, value: Any) -> float:
 
 
 class StepState(TypedDict):
-    """What ``Env.step`` receives each turn."""
+    """What ``Env.step`` receives each turn: ``observation_text`` (the whole context so far, as text),
+    ``action_text`` (the model's latest generation, special tokens kept), ``label``, ``sampling_params`` (a copy of
+    this turn's params), ``turn`` (0-based) and ``images`` (every image in the context so far)."""
 
     observation_text: str  # the whole context so far, as text
     action_text: str  # the model's latest generation (special tokens kept)
@@ -131,18 +175,46 @@ class Env(ABC):
     spec: Any = None  # the registry stamps the EnvSpec it was made from
 
     async def reset(self, state: dict[str, Any]) -> dict[str, Any]:
+        """Start the episode.
+
+        Args:
+            state: ``{"observation": prompt, "label": label, "images": images}`` from the dataset row.
+
+        Returns:
+            The same shape; its ``"observation"`` (a string, or chat messages for the template) is the first model
+            input, and an optional ``"tools"`` list of OpenAI function schemas is rendered into it.
+        """
         return state
 
     async def close(self) -> None:
+        """Release what the episode holds (sandboxes, files); runs once however the episode ended."""
         return None
 
     @abstractmethod
-    async def step(self, state: StepState) -> Result: ...
+    async def step(self, state: StepState) -> Result:
+        """Grade or advance one turn.
+
+        Args:
+            state: this turn's ``StepState``.
+
+        Returns:
+            The turn's ``Result``; ``terminated`` ends the episode. An exception ends only this episode, recorded
+            in ``Trajectory.failure``.
+        """
 
 
 @dataclass
 class ChatContext:
-    """Everything a ``ChatAgent`` gets for one rollout."""
+    """Everything a ``ChatAgent`` gets for one rollout.
+
+    Attributes:
+        messages: the prompt as chat messages. tools: OpenAI function schemas of the row, or None.
+        prompt: the last user turn's text. label: the row's label. images: the row's images, or None.
+        base_url: for ``openai.AsyncOpenAI(base_url=...)``. session_url: for ``anthropic.AsyncAnthropic(base_url=...)``.
+        model_name, api_key: what to pass to the SDK (the server checks neither).
+        session_id: this rollout's session. sampling_params: the run's params (requests may override some).
+        max_length: the token budget of the whole conversation.
+    """
 
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
@@ -167,4 +239,13 @@ class ChatAgent(ABC):
     spec: Any = None
 
     @abstractmethod
-    async def run(self, ctx: ChatContext) -> Result: ...
+    async def run(self, ctx: ChatContext) -> Result:
+        """Run one rollout: talk to the policy through a stock SDK pointed at ``ctx``'s URLs, then grade.
+
+        Args:
+            ctx: the rollout's ``ChatContext``.
+
+        Returns:
+            The final ``Result`` (its reward goes on every captured segment). An exception ends only this
+            rollout, recorded in ``Trajectory.failure``.
+        """

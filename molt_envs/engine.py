@@ -16,6 +16,14 @@ from molt_envs.contract import SamplingParams
 
 @dataclass
 class Generation:
+    """One ``Engine.generate`` answer.
+
+    Attributes:
+        token_ids: the generated tokens. log_probs: 1:1 with ``token_ids``.
+        finish_reason: "stop" (a stop token was sampled) or "length" (max_tokens reached).
+        extra: engine-specific details (e.g. timings).
+    """
+
     token_ids: list[int]
     log_probs: list[float]  # 1:1 with token_ids
     finish_reason: str  # "stop" (a stop token was sampled) or "length" (max_tokens reached)
@@ -24,8 +32,22 @@ class Generation:
 
 @runtime_checkable
 class Engine(Protocol):
+    """What runners and the session server generate through (``molt_train``'s hf and vLLM engines implement it)."""
+
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None
     ) -> Generation:
-        """Generate a continuation of ``prompt_ids`` (the exact accumulated context)."""
+        """Generate a continuation of ``prompt_ids`` (the exact accumulated context).
+
+        Args:
+            prompt_ids: the whole context so far, as token ids (never re-tokenized).
+            params: the pinned sampling parameters.
+            images: the context's images, for a vision model.
+
+        Returns:
+            The ``Generation``, with the log-prob of each token under ``log_softmax(logits / temperature)``.
+
+        Raises:
+            ValueError: for an empty prompt or one that leaves no room for ``params.max_tokens``.
+        """
         ...

@@ -39,7 +39,19 @@ async def tokenizer_work(size: int, fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def render_prompt(tokenizer: Any, prompt: str | list[dict[str, Any]], tools: list[dict] | None = None) -> str:
-    """A message list goes through the model's chat template; a string is taken as already rendered."""
+    """A message list goes through the model's chat template; a string is taken as already rendered.
+
+    Args:
+        tokenizer: anything with ``apply_chat_template`` (a transformers tokenizer).
+        prompt: rendered text, or chat messages.
+        tools: OpenAI function schemas for the template.
+
+    Returns:
+        The text the model sees, generation prompt included.
+
+    Raises:
+        TypeError: if ``prompt`` is neither a str nor a list.
+    """
     if isinstance(prompt, str):
         return prompt
     if isinstance(prompt, list):
@@ -74,7 +86,11 @@ def render_turn(tokenizer: Any, messages: list[dict[str, Any]], tools: list[dict
 
 
 class Runner(ABC):
-    """Runs one rollout. ``AgentRunner`` in an agent file (``--train.agent_path``) subclasses this."""
+    """Runs one rollout. ``AgentRunner`` in an agent file (``--train.agent_path``) subclasses this.
+
+    Attributes:
+        env_id, spec_hash: stamped on every trajectory it returns.
+    """
 
     env_id: str | None = None
     spec_hash: str | None = None
@@ -90,7 +106,19 @@ class Runner(ABC):
         engine: Engine,
         images: list[Any] | None = None,
         tools: list[dict[str, Any]] | None = None,
-    ) -> Trajectory | list[Trajectory]: ...
+    ) -> Trajectory | list[Trajectory]:
+        """Run one rollout of ``prompt`` through ``engine``.
+
+        Args:
+            prompt: rendered text or chat messages. label: the row's label, for grading.
+            sampling_params: the run's params. max_length: the token budget of the whole context.
+            tokenizer: the policy's tokenizer. engine: the ``Engine`` to generate through.
+            images: the row's images. tools: OpenAI function schemas for the chat template.
+
+        Returns:
+            The trajectory, or a chat rollout's segments. Never raises for the episode's failures: they are
+            recorded in ``Trajectory.failure``.
+        """
 
     def _new_trajectory(self, prompt: Any, label: Any, images: list[Any] | None) -> Trajectory:
         return Trajectory(
@@ -99,7 +127,13 @@ class Runner(ABC):
 
 
 class StepEnvRunner(Runner):
-    """The framework-owned loop over an ``Env``; ``env_factory`` is called once per episode."""
+    """The framework-owned loop over an ``Env``; ``env_factory`` is called once per episode.
+
+    Args:
+        env_factory: makes a fresh ``Env`` (a class, or ``lambda: make(id)``).
+        env_id, spec_hash: stamped on every trajectory.
+        max_turns: turns after which a still-running episode is truncated (None: no limit).
+    """
 
     def __init__(
         self,
@@ -238,7 +272,18 @@ def _decode(tokenizer: Any, ids: list[int]) -> str:
 
 
 def load_agent_runner(path: str | Path) -> Runner:
-    """Load ``AgentRunner`` from a ``.py`` file (the seed's ``--train.agent_path`` contract)."""
+    """Load ``AgentRunner`` from a ``.py`` file (the seed's ``--train.agent_path`` contract).
+
+    Args:
+        path: the agent file.
+
+    Returns:
+        A new ``AgentRunner()``.
+
+    Raises:
+        FileNotFoundError: if ``path`` is not an existing ``.py`` file.
+        TypeError: if it defines no ``AgentRunner`` subclass of ``Runner``.
+    """
     path = Path(path)
     if path.suffix != ".py" or not path.is_file():
         raise FileNotFoundError(f"agent path {str(path)!r} must be an existing .py file that exports AgentRunner")

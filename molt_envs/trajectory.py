@@ -13,6 +13,19 @@ from typing import Any
 
 @dataclass
 class Trajectory:
+    """One rollout (or one segment of a chat rollout), token-exact.
+
+    Attributes:
+        token_ids: the whole context, prompt included. log_probs: 1:1 with ``token_ids`` (0.0 outside actions).
+        action_ranges: half-open spans of ``token_ids`` the model generated (trained on); ``finish_reasons``: one
+            per span.
+        reward, score, truncated, info, images: the episode's outcome and context.
+        group_id: the samples of one prompt share it. rollout_id: the segments of one rollout share it.
+        env_id, spec_hash: the env and the exact spec it came from.
+        failure: why the episode failed (None when it completed).
+        prompt, label, prompt_len, num_turns: what it started from and how far it went.
+    """
+
     token_ids: list[int] = field(default_factory=list)
     action_ranges: list[tuple[int, int]] = field(default_factory=list)
     log_probs: list[float] = field(default_factory=list)
@@ -33,6 +46,11 @@ class Trajectory:
     num_turns: int = 0
 
     def append_action(self, token_ids: list[int], log_probs: list[float], finish_reason: str = "stop") -> None:
+        """Append tokens the model generated, as a new action range.
+
+        Raises:
+            ValueError: if ``token_ids`` and ``log_probs`` differ in length.
+        """
         if len(token_ids) != len(log_probs):
             raise ValueError(f"action has {len(token_ids)} tokens but {len(log_probs)} log-probs; they must align 1:1")
         start = len(self.token_ids)
@@ -47,6 +65,7 @@ class Trajectory:
         self.log_probs.extend([0.0] * len(token_ids))
 
     def action_mask(self) -> list[bool]:
+        """One bool per token: True inside an action range."""
         mask = [False] * len(self.token_ids)
         for start, end in self.action_ranges:
             mask[start:end] = [True] * (end - start)
@@ -54,10 +73,12 @@ class Trajectory:
 
     @property
     def num_action_tokens(self) -> int:
+        """How many tokens the model generated."""
         return sum(end - start for start, end in self.action_ranges)
 
     @property
     def ok(self) -> bool:
+        """Whether the episode completed (no ``failure``)."""
         return self.failure is None
 
     def to_dict(self) -> dict[str, Any]:
@@ -69,6 +90,11 @@ class Trajectory:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Trajectory:
+        """The inverse of ``to_dict``.
+
+        Raises:
+            TypeError: for a key that is not a field.
+        """
         data = dict(data)
         data["action_ranges"] = [tuple(r) for r in data.get("action_ranges", [])]
         return cls(**data)

@@ -98,7 +98,10 @@ def _make_backend(provider: str, options: dict, unsafe: bool, limits: Limits) ->
 
 
 def shutdown() -> None:
-    """Stop every shared pool (all worker processes, cgroups and scratch dirs). Safe to call twice."""
+    """Stop every shared pool of this process: all worker processes, cgroups and scratch dirs (also run at exit).
+
+    Safe to call twice; a later `open` starts fresh pools.
+    """
     with _backends_lock:
         backends = list(_backends.values())
         _backends.clear()
@@ -122,13 +125,28 @@ def open(  # noqa: A001  (the issue's chosen name: sandboxes.open)
 ) -> Sandbox:
     """Open a sandbox session; use as `async with sandboxes.open("local", wall_s=10) as sb:`.
 
-    provider: "local" (bubblewrap jail pool), "docker", "ray", or "auto" (see `sandboxes.probe()`).
-    wall_s / cpu_s / memory_mb / max_output_bytes: default limits for every call (each call can override).
-    persistent: keep Python state across `run_python` calls (a REPL on a dedicated worker).
-    unsafe: allow the local provider without isolation (rlimits only) where the host lacks it.
-    options: provider settings that shape the shared pool, e.g. workers=2, preload=("numpy",),
-        site_packages=sandboxes.host_site_packages(), python="/usr/bin/python3", recycle_after=500;
-        docker: image=..., ray: actors=2, workers_per_actor=1.
+    Nothing starts until the session is entered (or `start()`ed); the provider's pool is then shared by every
+    session opened with the same provider and options in this process.
+
+    Args:
+        provider: "local" (bubblewrap jail pool), "docker", "ray", or "auto" (see `sandboxes.probe()`).
+        wall_s: default wall-clock deadline of every call, in seconds (each call can override every limit).
+        cpu_s: default CPU seconds of a call (None: `wall_s`).
+        memory_mb: default address-space cap of a call's processes.
+        max_output_bytes: default cap on a call's stdout + stderr.
+        persistent: keep Python state across `run_python` calls (a REPL on a dedicated worker).
+        unsafe: allow the local provider without isolation (rlimits only) where the host lacks it.
+        **options: provider settings that shape the shared pool, e.g. workers=2, preload=("numpy",),
+            site_packages=sandboxes.host_site_packages(), python="/usr/bin/python3", recycle_after=500;
+            ray: actors=2, workers_per_actor=1.
+
+    Returns:
+        A `Sandbox` session, not yet started.
+
+    Raises:
+        ValueError: for an unknown provider, or a limit out of range (the message names it).
+        SandboxUnavailable: when the session starts, if the provider cannot isolate code on this host (the
+            message says what is missing).
     """
     if provider not in PROVIDERS:
         raise ValueError(f"unknown sandbox provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
@@ -137,8 +155,15 @@ def open(  # noqa: A001  (the issue's chosen name: sandboxes.open)
 
 
 class Sandbox:
-    """One session (e.g. one episode). Calls never raise for the snippet's failures: they return a
-    Result whose `status` says what happened. They raise only for caller mistakes (bad arguments)."""
+    """One session (e.g. one episode), made by `sandboxes.open`. Calls never raise for the snippet's failures: they
+    return a `Result` whose `status` says what happened. They raise only for caller mistakes (bad arguments) and, at
+    start, for a provider this host cannot run.
+
+    Attributes:
+        provider: the provider's name once started ("local", "local-unsafe", "docker", "ray").
+        limits: the session's default `Limits`.
+        persistent: whether `run_python` calls share one REPL.
+    """
 
     def __init__(self, provider: str, limits: Limits, *, persistent: bool, unsafe: bool, options: dict) -> None:
         self.provider = provider
@@ -159,6 +184,11 @@ class Sandbox:
         await self.close()
 
     async def start(self) -> None:
+        """Start (or join) the provider's shared pool; in persistent mode also take a dedicated worker.
+
+        Raises:
+            SandboxUnavailable: when the provider cannot isolate code on this host (the message says what is missing).
+        """
         if self._backend is not None:
             return
         if self.provider == "ray" and not _ray_running():
@@ -172,6 +202,7 @@ class Sandbox:
             self._session = await self._backend.open_session()
 
     async def close(self) -> None:
+        """End the session: a persistent session's worker is released (its REPL state is gone); the pool stays warm."""
         if self._session is not None:
             session, self._session = self._session, None
             await session.close()
@@ -187,7 +218,22 @@ class Sandbox:
         **limits: float | int | None,
     ) -> Result:
         """Run `code` as `python -c` would (in persistent mode: as the next REPL cell, whose last
-        expression's repr is printed, as in a notebook)."""
+        expression's repr is printed, as in a notebook).
+
+        Args:
+            code: the Python source.
+            stdin: the snippet's standard input.
+            files: {relative path: content} written into the work directory (the cwd) before it runs.
+            **limits: per-call overrides of wall_s, cpu_s, memory_mb, max_output_bytes.
+
+        Returns:
+            The `Result`; a timeout, crash or limit is its `status`, never an exception.
+
+        Raises:
+            TypeError: if `code` is not a str, or for an unknown limit.
+            ValueError: for a limit out of range, or a file path that is absolute or contains "..".
+            SandboxError: if the session is not open.
+        """
         if not isinstance(code, str):
             raise TypeError(f"code must be str, got {type(code).__name__}")
         if self.persistent:
@@ -202,7 +248,22 @@ class Sandbox:
         files: Mapping[str, bytes | str] | None = None,
         **limits: float | int | None,
     ) -> Result:
-        """Run a program (argv[0] looked up on the jail's PATH) with `stdin` as its standard input."""
+        """Run a program (argv[0] looked up on the jail's PATH) with `stdin` as its standard input.
+
+        Args:
+            argv: the command line, e.g. ["sh", "-c", "ls /"].
+            stdin: its standard input.
+            files: {relative path: content} written into the work directory (its cwd) first.
+            **limits: per-call overrides of wall_s, cpu_s, memory_mb, max_output_bytes.
+
+        Returns:
+            The `Result` (a program that cannot be executed exits 127, status "error").
+
+        Raises:
+            TypeError: if `argv` is not a non-empty list of str, or for an unknown limit.
+            ValueError: for a limit out of range or a bad file path.
+            SandboxError: if the session is not open.
+        """
         if isinstance(argv, str) or not argv or not all(isinstance(a, str) for a in argv):
             raise TypeError(
                 f"argv must be a non-empty list of str, got {argv!r}; for a shell line use ['sh', '-c', line]"
@@ -214,7 +275,16 @@ class Sandbox:
 
     async def upload(self, path: str, data: bytes | str) -> None:
         """Put a file into the work directory (the snippet's cwd). Without persistence the file is
-        staged and written before every later call of this session."""
+        staged and written before every later call of this session.
+
+        Args:
+            path: relative to the work directory; missing directories are made.
+            data: the content.
+
+        Raises:
+            ValueError: if `path` is absolute or contains "..".
+            SandboxError: in a persistent session, if the worker cannot write it (e.g. a directory or FIFO there).
+        """
         _check_relative(path)
         if self.persistent:
             reply = await self._require_session().call({"op": "put", "files": {path: _b64(data)}}, None, self.limits)
@@ -224,7 +294,18 @@ class Sandbox:
             self._staged[path] = _b64(data)
 
     async def download(self, path: str) -> bytes:
-        """Read a file from the work directory (persistent sessions only: otherwise it is wiped after each call)."""
+        """Read a file from the work directory (persistent sessions only: otherwise it is wiped after each call).
+
+        Args:
+            path: relative to the work directory; must name a regular file (no symlink is followed).
+
+        Returns:
+            Its content (at most 48 MB).
+
+        Raises:
+            ValueError: if `path` is absolute or contains "..".
+            SandboxError: without persistence, or if the file cannot be read (missing, not a regular file, too large).
+        """
         _check_relative(path)
         if not self.persistent:
             raise SandboxError(

@@ -16,6 +16,9 @@ class Limits:
     max_output_bytes: stdout+stderr bytes kept; more kills the run (status "output_limit", truncated).
     file_size_mb: largest file a snippet may write (RLIMIT_FSIZE).
     open_files: RLIMIT_NOFILE. processes: RLIMIT_NPROC for the jail's uid and its pids cgroup.
+
+    Raises:
+        ValueError: for a value out of its range (the message names the field, the value and the range).
     """
 
     wall_s: float = 10.0
@@ -47,6 +50,11 @@ class Limits:
                 raise ValueError(f"{name}={value!r} must be an integer in [{low}, {high}]")
 
     def replace(self, **changes: object) -> Limits:
+        """A copy with `changes` applied (None values ignored); `cpu_s` follows a new `wall_s` when it followed the old.
+
+        Raises:
+            ValueError: for a value out of its range.
+        """
         changes = {k: v for k, v in changes.items() if v is not None}
         if not changes:
             return self
@@ -56,6 +64,7 @@ class Limits:
         return Limits(**merged)
 
     def to_wire(self) -> dict:
+        """Every field as a plain dict (what a worker receives)."""
         return {name: getattr(self, name) for name in _FIELDS}
 
 

@@ -23,7 +23,11 @@ CGROUP_PREFIX = "sandboxes-"
 
 
 def host_site_packages() -> list[str]:
-    """This interpreter's site-packages dirs, to expose read-only in the jail (e.g. for numpy/sympy)."""
+    """This interpreter's site-packages dirs, to expose read-only in the jail (e.g. for numpy/sympy).
+
+    Returns:
+        The existing purelib/platlib directories, sorted: pass them as `site_packages=` to `sandboxes.open("local")`.
+    """
     paths = {sysconfig.get_paths()[key] for key in ("purelib", "platlib")}
     return sorted(p for p in paths if os.path.isdir(p))
 

@@ -15,6 +15,9 @@ from sandboxes.injail import bpf_filter, landlock
 
 @dataclass(frozen=True)
 class HostReport:
+    """What `sandboxes.probe()` found on this host (each field commented below); `local_missing` says why the local
+    jail cannot isolate (empty when it can), `auto` which provider "auto" picks (None: none works)."""
+
     bubblewrap: str | None  # "bubblewrap 0.8.0" or None when not installed
     user_namespaces: bool  # a bwrap jail with a user+pid+net namespace actually started
     user_namespaces_detail: str
@@ -101,7 +104,15 @@ def _docker_check() -> tuple[str | None, str]:
 
 
 def probe(docker: bool = True) -> HostReport:
-    """Check bubblewrap, user namespaces, seccomp, Landlock, cgroups and (optionally) Docker."""
+    """Check bubblewrap, user namespaces, seccomp, Landlock, cgroups and (optionally) Docker.
+
+    Args:
+        docker: also ask a Docker engine (a round trip; the local provider skips it).
+
+    Returns:
+        A `HostReport`; its `local_missing` lists why the local jail cannot isolate (empty when it can) and `auto`
+        names the provider `sandboxes.open("auto")` picks (None when none works).
+    """
     version = jail.bwrap_version()
     userns, userns_detail = _userns_check()
     seccomp = _seccomp_supported()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+# What a call's `Result.status` can be (the type, and the same values as a tuple).
 Status = Literal["ok", "error", "timeout", "cpu_limit", "oom", "output_limit", "killed", "infra_error"]
 STATUSES: tuple[str, ...] = ("ok", "error", "timeout", "cpu_limit", "oom", "output_limit", "killed", "infra_error")
 
@@ -35,14 +36,21 @@ class Result:
 
     @property
     def ok(self) -> bool:
+        """Whether the snippet exited 0 (status "ok")."""
         return self.status == "ok"
 
     @property
     def infra_error(self) -> bool:
+        """Whether the sandbox itself failed (status "infra_error"): count it, never turn it into reward."""
         return self.status == "infra_error"
 
     @classmethod
     def from_wire(cls, reply: dict, provider: str, attempts: int = 1) -> Result:
+        """A worker's reply as a Result.
+
+        Raises:
+            ValueError: if the reply's status is not one of `STATUSES`.
+        """
         out, err = reply.get("stdout", b""), reply.get("stderr", b"")
         status = reply["status"]
         if status not in STATUSES:
@@ -64,4 +72,5 @@ class Result:
 
     @classmethod
     def infra(cls, message: str, provider: str, attempts: int, wall_ms: float = 0.0) -> Result:
+        """An "infra_error" Result carrying `message` as its stderr."""
         return cls(status="infra_error", stderr=message, provider=provider, attempts=attempts, wall_ms=wall_ms)
