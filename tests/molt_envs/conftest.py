@@ -48,12 +48,14 @@ CHATML_TEMPLATE = r"""{% if tools %}
 <|im_start|>assistant
 {{ message.content or '' }}{% for call in message.tool_calls or [] %}
 {% set fn = call.function if call.function is defined else call %}
+{% if (message.content or '') or not loop.first %}{{ '\n' }}{% endif %}
 <tool_call>
 {"name": "{{ fn.name }}", "arguments": {{ fn.arguments if fn.arguments is string else fn.arguments | tojson }}}
 </tool_call>{% endfor %}<|im_end|>
 {% elif message.role == 'tool' %}
 {% if loop.first or messages[loop.index0 - 1].role != 'tool' %}
 <|im_start|>user{% endif %}
+
 <tool_response>
 {{ message.content }}
 </tool_response>{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>
