@@ -286,11 +286,8 @@ def make(env_id: str, **kwargs: Any) -> Any:
         The new ``Env`` or ``ChatAgent``.
 
     Raises:
-        InvalidEnvId: if ``env_id`` is not a valid ID.
-        NamespaceNotFound, NameNotFound, VersionNotFound: if nothing is registered under it (the message suggests
-            close names or lists the versions); NameNotFound also when a ``"module:"`` prefix cannot be imported.
-        DeprecatedEnv: for an older version that is no longer registered.
-        PackageVersionMismatch: if an ``@version`` pin differs from the installed package's version.
+        InvalidEnvId, UnregisteredEnv (NamespaceNotFound, NameNotFound, VersionNotFound), DeprecatedEnv,
+            PackageVersionMismatch: as ``spec`` raises them.
         RegistrationError: if the entry point's module or class cannot be loaded.
     """
     return registry.make(env_id, **kwargs)
