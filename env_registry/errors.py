@@ -43,3 +43,7 @@ class ManifestError(Error, ValueError):
 
 class DeprecatedEnvWarning(UserWarning):
     """An older registered version was requested, or an unversioned ID resolved to the latest version."""
+
+
+class NotAGymnasiumEnv(Error, TypeError):
+    """A ChatAgent ID was asked for as a Gymnasium env: it owns its loop, so it has no ``step(action)`` to drive."""

@@ -135,9 +135,10 @@ class PettingZooGame(Game):
     """Every seat of a PettingZoo env, each seat's turns played by the policy its seat maps to.
 
     Args:
-        env_factory: ``"pkg.mod:fn"`` returning an AEC env (e.g. ``"pettingzoo.classic.tictactoe_v3:env"``) or a
-            parallel env (converted with ``parallel_to_aec``). Every agent's action space must be ``Discrete``.
-        env_kwargs: keyword arguments of ``env_factory``.
+        pettingzoo_id: an ID of PettingZoo's registry (e.g. ``"classic/tictactoe-v3"``), made as an AEC env.
+        env_factory: instead, ``"pkg.mod:fn"`` returning an AEC env or a parallel env (converted with
+            ``parallel_to_aec``). Either way every agent's action space must be ``Discrete``.
+        env_kwargs: keyword arguments of the env.
         action_parser: ``fn(text) -> int``, raising ``ValueError`` when the text names no action.
         observation_formatter: ``fn(observation, agent, env) -> str``; what the seat is shown on its turn.
         instructions: ``fn(agent, env) -> str``, the seat's system message (rules, its mark, the action grammar).
@@ -151,7 +152,8 @@ class PettingZooGame(Game):
 
     def __init__(
         self,
-        env_factory: str,
+        pettingzoo_id: str | None = None,
+        env_factory: str | None = None,
         env_kwargs: dict[str, Any] | None = None,
         action_parser: str | None = None,
         observation_formatter: str | None = None,
@@ -165,13 +167,21 @@ class PettingZooGame(Game):
         from pettingzoo.utils.conversions import parallel_to_aec
         from pettingzoo.utils.env import ParallelEnv
 
-        env = load_callable(env_factory, None, "env_factory")(**(env_kwargs or {}))
+        if (pettingzoo_id is None) == (env_factory is None):
+            raise ValueError("give exactly one of pettingzoo_id (a PettingZoo registry ID) or env_factory ('pkg.mod:fn')")
+        if pettingzoo_id is not None:
+            import pettingzoo
+
+            env = pettingzoo.make("aec", pettingzoo_id, **(env_kwargs or {}))
+        else:
+            env = load_callable(env_factory, None, "env_factory")(**(env_kwargs or {}))
         self.env = parallel_to_aec(env) if isinstance(env, ParallelEnv) else env
+        source = pettingzoo_id or env_factory
         for agent in self.env.possible_agents:
             space = self.env.action_space(agent)
             if not isinstance(space, spaces.Discrete):
                 raise ValueError(
-                    f"{env_factory!r}: agent {agent!r} has action space {space}, which is not Discrete; the "
+                    f"{source!r}: agent {agent!r} has action space {space}, which is not Discrete; the "
                     "PettingZoo bridge parses the model's text into one of n actions, so it needs a Discrete "
                     "space (wrap the env to discretize its actions)"
                 )

@@ -76,6 +76,8 @@ class Game(ABC):
         self.seats, self.mode = list(seats), mode
         self.opponent = check_policy(opponent, "opponent")
         self.seat_policies = self._checked_seats(seat_policies or {})
+        for policy in (self.opponent, *self.seat_policies.values()):
+            scripted_or_none(self, policy)  # a scripted player that does not import fails here, at make
 
     def _checked_seats(self, seat_policies: dict[str, str]) -> dict[str, str]:
         for seat, policy in seat_policies.items():
