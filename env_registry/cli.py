@@ -33,7 +33,7 @@ def cmd_list(args: argparse.Namespace) -> int:
         groups.setdefault(parse_env_id(s.id).namespace or "(no namespace)", []).append(s)
     width = max(len(s.id) for s in specs)
     for namespace, members in groups.items():
-        print(f"===== {namespace} ({len(members)}) =====")
+        print(f"===== {namespace} =====")
         for s in members:
             turns = "?" if s.max_turns is None else str(s.max_turns)
             print(f"  {s.id:<{width}}  {s.kind:<10} {s.modality:<6} turns {turns:<3} {', '.join(s.tags)}")

@@ -48,7 +48,7 @@ def test_list_groups_by_namespace_and_filters_by_tag(capsys):
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     for namespace in ("gym", "molt", "rg"):
-        assert f"===== {namespace} (" in out
+        assert f"===== {namespace} =====" in out
     line = next(x for x in out.splitlines() if "molt/tictactoe-v1" in x)
     assert line.split()[1:5] == ["game", "text", "turns", "5"] and "self-play" in line
     assert main(["list", "--tag", "game"]) == 0
