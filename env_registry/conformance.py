@@ -32,6 +32,7 @@ def check(env_id: str) -> CheckReport:
             rows += load_split(spec, split, SAMPLE_ROWS)
         except Exception as exc:
             report.add(f"dataset split {split!r}", False, f"{type(exc).__name__}: {exc}")
+
     def factory():
         instance = cls(**spec.kwargs)
         return OneSeatEnv(instance) if spec.kind == "game" else instance  # a game is checked from one seat

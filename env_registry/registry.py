@@ -219,10 +219,14 @@ def _dist_manifests(dist: metadata.Distribution | None) -> dict[str, EnvManifest
         return {}
     found: dict[str, EnvManifest] = {}
     where = f"{dist.metadata['Name']} {dist.version}"
-    for path, parse in ((MANIFEST_METADATA_PATH, manifests_from_pyproject), (CATALOG_METADATA_PATH, manifests_from_catalog)):
+    has_catalog = dist.read_text(CATALOG_METADATA_PATH) is not None
+    for path, parse in (
+        (MANIFEST_METADATA_PATH, manifests_from_pyproject),
+        (CATALOG_METADATA_PATH, manifests_from_catalog),
+    ):
         text = dist.read_text(path)
-        if text is None:
-            continue
+        if text is None or (path == MANIFEST_METADATA_PATH and "tool.molt.env" not in text and has_catalog):
+            continue  # a package may keep every manifest in its catalog
         try:
             manifests = parse(text, f"{where} {path.rpartition('/')[2]}")
         except ManifestError as exc:
@@ -230,7 +234,9 @@ def _dist_manifests(dist: metadata.Distribution | None) -> dict[str, EnvManifest
             continue
         for m in manifests:
             if m.id in found:
-                warnings.warn(f"{where}: {m.id!r} has a manifest in pyproject.toml and in catalog.toml; keep one")
+                warnings.warn(
+                    f"{where}: {m.id!r} has manifests in pyproject.toml and catalog.toml; keep one", stacklevel=3
+                )
             found.setdefault(m.id, m)
     return found
 

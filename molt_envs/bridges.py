@@ -168,7 +168,9 @@ class PettingZooGame(Game):
         from pettingzoo.utils.env import ParallelEnv
 
         if (pettingzoo_id is None) == (env_factory is None):
-            raise ValueError("give exactly one of pettingzoo_id (a PettingZoo registry ID) or env_factory ('pkg.mod:fn')")
+            raise ValueError(
+                "give exactly one of pettingzoo_id (a PettingZoo registry ID) or env_factory ('pkg.mod:fn')"
+            )
         if pettingzoo_id is not None:
             import pettingzoo
 

@@ -194,10 +194,7 @@ class OneSeatEnv(Env):
         return False
 
     async def step(self, state: StepState) -> Result:
-        if self.game.play_text(self.seat, state["action_text"]):
-            going = self._advance()
-        else:
-            going = False
+        going = self.game.play_text(self.seat, state["action_text"]) and self._advance()
         total = self.game.returns()[self.seat]
         reward, self.earned = total - self.earned, total
         return Result(

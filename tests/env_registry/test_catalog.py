@@ -108,7 +108,7 @@ def test_a_catalog_file_holds_only_env_tables():
     (manifest,) = manifests_from_catalog('[[env]]\nid = "a/b-v1"\nentry_point = "m:C"\n', "catalog.toml")
     assert manifest.id == "a/b-v1"
     with pytest.raises(ManifestError, match=r"a catalog holds only \[\[env\]\] tables, got keys \['tool'\]"):
-        manifests_from_catalog('[tool.molt]\nx = 1\n', "catalog.toml")
+        manifests_from_catalog("[tool.molt]\nx = 1\n", "catalog.toml")
     with pytest.raises(ManifestError, match="field 'card.held_out'"):
         manifests_from_catalog(
             '[[env]]\nid = "a/b-v1"\nentry_point = "m:C"\n[env.card]\nsource = "s"\nlicense = "MIT"\n', "c.toml"

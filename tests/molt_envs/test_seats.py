@@ -107,7 +107,9 @@ async def test_scripted_player_and_frozen_checkpoint_engine_fill_seats(tiny_toke
     await run(runner, {"seed": 1}, model, tiny_tokenizer)
     await run(runner, {"seed": 2}, model, tiny_tokenizer)
     assert loaded == ["/models/frozen"]  # asked once, then kept
-    (failed,) = await run(env_registry.runner_for(TTT, seat_policies={"player_2": checkpoint}), 1, model, tiny_tokenizer)
+    (failed,) = await run(
+        env_registry.runner_for(TTT, seat_policies={"player_2": checkpoint}), 1, model, tiny_tokenizer
+    )
     assert "no engine for it" in failed.failure
 
 
