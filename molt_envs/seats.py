@@ -15,7 +15,8 @@ seats by name. A dataset label (a dict) may carry ``seed``, ``mode``, ``opponent
 ``seat_policies`` for its episode: that is how a ``vs random`` eval split lives next to a self-play train split.
 
 ``SeatRunner`` keeps one token context per model seat (token-exact, as ``StepEnvRunner``) and returns one
-``Trajectory`` per model seat, each with the seat's own reward, ``seat`` and ``info["seat"]``. A failure anywhere
+``Trajectory`` per model seat that moved (one forfeiting on the first move leaves the other nothing to learn
+from), each with the seat's own reward, ``seat`` and ``info["seat"]``. A failure anywhere
 fails every seat of the game, so the trainer drops the game whole (a zero-sum game stays zero-sum in the batch).
 """
 
@@ -309,6 +310,7 @@ class SeatRunner(Runner):
                 stage[0] = "play"
                 game.play_text(seat, ctx.last_action)
             returns = game.returns()
+            trajs = [t for t in trajs if seats[t.seat].turns]  # a seat that never moved has nothing to learn from
             for traj in trajs:
                 traj.reward = traj.score = returns[traj.seat]
                 traj.truncated |= truncated
