@@ -52,6 +52,18 @@ def vs_random(model_path: Path) -> dict[str, float]:
     }
 
 
+def frozen_checkpoint_seat_through_the_rollout_workers_loader(model_path: Path) -> None:
+    """The rollout worker hands a game runner an hf engine for a ``checkpoint:PATH`` seat."""
+    from molt_train.rollout import RolloutWorker
+
+    worker = RolloutWorker(str(model_path), env_id=ENV, agent_path=None, max_len=512, timeout_s=60, max_batch_size=8)
+    runner = env_registry.runner_for(ENV, seat_policies={"player_2": f"checkpoint:{model_path}"})
+    runner.engine_loader = worker.runner.engine_loader
+    params = SamplingParams(temperature=0.0, max_tokens=4)
+    (traj,) = asyncio.run(runner.execute("game", {"seed": 0}, params, 512, worker.tokenizer, worker.engine))
+    assert traj.ok and traj.seat == "player_1" and list(runner.engines) == [f"checkpoint:{model_path}"]
+
+
 def test_self_play_raises_the_win_or_draw_rate_against_a_random_player(ray_local, tmp_path):
     from molt_train import rl_cli, sft_cli
 
@@ -60,6 +72,7 @@ def test_self_play_raises_the_win_or_draw_rate_against_a_random_player(ray_local
     sft_args = ["--data.split", "sft", "--model.config", "tiny", "--model.hidden_size", "64", "--model.num_layers", "2"]
     sft_args += ["--train.num_steps", "60", "--train.batch_size", "32", "--actor.adam.lr", "3e-3"]
     assert sft_cli.main([*common, *sft_args, "--ckpt.output_dir", str(sft), "--eval.max_samples", "0"]) == 0
+    frozen_checkpoint_seat_through_the_rollout_workers_loader(sft / "hf")
     rl_args = ["--actor.model_name_or_path", str(sft / "hf"), "--ckpt.output_dir", str(rl)]
     rl_args += ["--train.num_steps", "15", "--rollout.batch_size", "16", "--rollout.max_new_tokens", "4"]
     rl_args += ["--actor.adam.lr", "2e-3", "--algo.advantage.estimator", "reinforce", "--train.force_sync_mode"]
