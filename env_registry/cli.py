@@ -15,13 +15,28 @@ from env_registry.conformance import check
 from env_registry.datasets import count_rows
 from env_registry.errors import Error
 from env_registry.ids import parse_env_id
-from env_registry.registry import pprint_registry, registry
+from env_registry.registry import registry
 
 SERVER_EXTRA = {"fastapi", "uvicorn", "httpx", "multipart", "python_multipart", "build", "hatchling"}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    pprint_registry()
+    """Every ID grouped by namespace, with kind, modality, turns and tags; ``--tag`` keeps IDs carrying that tag."""
+    specs = [registry[i] for i in sorted(registry)]
+    if args.tag:
+        specs = [s for s in specs if args.tag in s.tags]
+        if not specs:
+            known = sorted({t for i in registry for t in registry[i].tags})
+            raise Error(f"no env is tagged {args.tag!r}; tags in use: {', '.join(known)}")
+    groups: dict[str, list] = {}
+    for s in specs:
+        groups.setdefault(parse_env_id(s.id).namespace or "(no namespace)", []).append(s)
+    width = max(len(s.id) for s in specs)
+    for namespace, members in groups.items():
+        print(f"===== {namespace} =====")
+        for s in members:
+            turns = "?" if s.max_turns is None else str(s.max_turns)
+            print(f"  {s.id:<{width}}  {s.kind:<10} {s.modality:<6} turns {turns:<3} {', '.join(s.tags)}")
     return 0
 
 
@@ -29,6 +44,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     spec = registry.spec(args.env_id)
     splits = {}
     for split, cfg in spec.datasets.items():
+        if cfg.generator is not None and isinstance(cfg.kwargs.get("size"), int):
+            splits[split] = {"source": cfg.generator, "kwargs": cfg.kwargs, "size": cfg.kwargs["size"]}
+            continue  # a generator's declared size: generating thousands of rows only to count them is slow
         try:
             rows: int | str = count_rows(spec, split)
         except Error as exc:
@@ -41,6 +59,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "package_version": spec.package_version,
         "spec": spec.model_dump(mode="json"),
         "datasets": splits,
+        "card": spec.card.model_dump() if spec.card else None,
         "tools": [t.model_dump() for t in spec.tools],
     }
     print(json.dumps(info, indent=2))
@@ -184,7 +203,9 @@ def cmd_yank(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="molt-env", description="Versioned LLM-agent environments.")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("list", help="every registered ID, grouped by namespace").set_defaults(fn=cmd_list)
+    lst = sub.add_parser("list", help="every registered ID, grouped by namespace (kind, modality, turns, tags)")
+    lst.add_argument("--tag", help="only IDs with this tag (e.g. game, reasoning-gym, math)")
+    lst.set_defaults(fn=cmd_list)
     info = sub.add_parser("info", help="spec, manifest, datasets and tools of one env")
     info.add_argument("env_id")
     info.set_defaults(fn=cmd_info)

@@ -6,6 +6,7 @@ from env_registry.datasets import load_split
 from env_registry.errors import Error
 from env_registry.registry import registry
 from molt_envs.conformance import CheckReport, check_env
+from molt_envs.seats import OneSeatEnv
 
 SAMPLE_ROWS = 3
 
@@ -31,11 +32,16 @@ def check(env_id: str) -> CheckReport:
             rows += load_split(spec, split, SAMPLE_ROWS)
         except Exception as exc:
             report.add(f"dataset split {split!r}", False, f"{type(exc).__name__}: {exc}")
+
+    def factory():
+        instance = cls(**spec.kwargs)
+        return OneSeatEnv(instance) if spec.kind == "game" else instance  # a game is checked from one seat
+
     sub = check_env(
-        lambda: cls(**spec.kwargs),
+        factory,
         rows[:SAMPLE_ROWS],
         subject=report.subject,
-        kind=spec.kind,
+        kind="env" if spec.kind == "game" else spec.kind,
         reward_range=spec.reward_range,
         deterministic=spec.deterministic,
     )

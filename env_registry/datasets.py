@@ -60,7 +60,8 @@ def iter_split(spec: EnvSpec, split: str) -> Iterator[dict[str, Any]]:
     cfg = split_config(spec, split)
     if cfg.generator is not None:
         module, _, fn = cfg.generator.partition(":")
-        raw_rows = getattr(importlib.import_module(module), fn)(split=split, **cfg.kwargs)
+        kwargs = {**spec.kwargs, **cfg.kwargs} if cfg.env_kwargs else cfg.kwargs  # the split's own kwargs win
+        raw_rows = getattr(importlib.import_module(module), fn)(split=split, **kwargs)
     else:
         raw_rows = _read_jsonl(split_path(spec, split))
     for i, row in enumerate(raw_rows):

@@ -69,3 +69,7 @@ class InstallError(Error):
 
 class DeprecatedEnvWarning(UserWarning):
     """Warned when an older registered version is requested, or an unversioned ID resolves to the latest version."""
+
+
+class NotAGymnasiumEnv(Error, TypeError):
+    """Raised when a ChatAgent ID is asked for as a Gymnasium env: it owns its loop, so it has no ``step(action)``."""

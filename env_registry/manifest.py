@@ -2,7 +2,8 @@
 
 A package's ``pyproject.toml`` holds one ``[tool.molt.env]`` table, or an array ``[[tool.molt.env]]`` for several
 env IDs. The wheel carries that file in its ``.dist-info`` (hatchling ``extra-metadata``), so the registry reads
-manifests from installed metadata without importing any env module.
+manifests from installed metadata without importing any env module. A package with many IDs may keep them in a
+catalog file instead (``[[env]]`` tables, the same fields), shipped the same way as ``molt/catalog.toml``.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class DatasetSplit(BaseModel):
     reference_key: str | None = None  # a completion that earns the top reward (SFT data, conformance checks)
     prompt_template: str | None = None  # e.g. "{input}\nPut the final answer in \\boxed{{}}."
     system_prompt: str | None = None
+    env_kwargs: bool = False  # the generator also gets the env's kwargs (difficulty knobs), so data follows make()
 
     @model_validator(mode="after")
     def _one_source(self) -> DatasetSplit:
@@ -46,7 +48,21 @@ class DatasetSplit(BaseModel):
             raise ValueError(f"path {self.path!r} must be relative to the package, without '..'")
         if self.generator is not None and not _ENTRY_POINT.match(self.generator):
             raise ValueError(f"generator {self.generator!r} must look like 'package.module:function'")
+        if self.env_kwargs and self.generator is None:
+            raise ValueError("env_kwargs = true needs a 'generator' (a JSONL file cannot follow the env's kwargs)")
         return self
+
+
+class DatasetCard(BaseModel):
+    """Where an env's data comes from. Generator, seeds and split sizes are the split tables' own fields
+    (``generator``, ``kwargs``); ``molt-env info`` shows them next to this card, so each fact is stated once."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: str  # e.g. "reasoning-gym 0.1.25 (PyPI), procedurally generated"
+    license: str  # the data's license (SPDX), which may differ from the code's
+    held_out: str  # how the test split is kept apart from the train split
+    citation: str | None = None
 
 
 class ToolNeed(BaseModel):
@@ -62,7 +78,7 @@ class EnvManifest(BaseModel):
 
     id: str
     entry_point: str
-    kind: Literal["env", "chat_agent"] = "env"
+    kind: Literal["env", "chat_agent", "game"] = "env"  # game: several seats per episode (molt_envs.seats)
     description: str = ""
     tags: list[str] = Field(default_factory=list)
     license: str | None = None
@@ -70,6 +86,7 @@ class EnvManifest(BaseModel):
     modality: Literal["text", "vision"] = "text"
     tools: list[ToolNeed] = Field(default_factory=list)
     datasets: dict[str, DatasetSplit] = Field(default_factory=dict)
+    card: DatasetCard | None = None
     max_turns: int | None = Field(default=None, ge=1)
     deterministic: bool = True
     lifecycle: Literal["active", "deprecated"] = "active"
@@ -163,6 +180,18 @@ def manifests_from_pyproject(text: str, source: str) -> list[EnvManifest]:
     if table is None:
         raise ManifestError(f"{source}: no [tool.molt.env] table; add one with at least 'id' and 'entry_point'")
     return parse_manifests(table, f"{source} [tool.molt.env]")
+
+
+def manifests_from_catalog(text: str, source: str) -> list[EnvManifest]:
+    """The ``[[env]]`` tables of a catalog file (a package's manifests kept out of its ``pyproject.toml``)."""
+    try:
+        data = tomllib.loads(text)
+    except (tomllib.TOMLDecodeError, RecursionError) as exc:
+        raise ManifestError(f"{source}: not valid TOML: {exc}") from None
+    unknown = sorted(set(data) - {"env"})
+    if unknown or not isinstance(data.get("env"), list):
+        raise ManifestError(f"{source}: a catalog holds only [[env]] tables, got keys {sorted(data)}")
+    return parse_manifests(data["env"], f"{source} [[env]]")
 
 
 def read_pyproject_manifests(path: str | Path) -> list[EnvManifest]:

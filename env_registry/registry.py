@@ -25,10 +25,11 @@ from env_registry.errors import (
     VersionNotFound,
 )
 from env_registry.ids import EnvId, parse_env_id
-from env_registry.manifest import EnvManifest, EnvSpec, manifests_from_pyproject
+from env_registry.manifest import EnvManifest, EnvSpec, manifests_from_catalog, manifests_from_pyproject
 
 ENTRY_POINT_GROUP = "molt.envs"
 MANIFEST_METADATA_PATH = "extra_metadata/molt/pyproject.toml"
+CATALOG_METADATA_PATH = "extra_metadata/molt/catalog.toml"  # optional: manifests kept out of pyproject.toml
 
 
 class Registry(Mapping[str, EnvSpec]):
@@ -213,17 +214,31 @@ class Registry(Mapping[str, EnvSpec]):
 
 
 def _dist_manifests(dist: metadata.Distribution | None) -> dict[str, EnvManifest]:
+    """The manifests a distribution ships: its pyproject's ``[tool.molt.env]`` and its catalog's ``[[env]]``."""
     if dist is None:
         return {}
-    text = dist.read_text(MANIFEST_METADATA_PATH)
-    if text is None:
-        return {}
-    try:
-        found = manifests_from_pyproject(text, f"{dist.metadata['Name']} {dist.version}")
-    except ManifestError as exc:
-        warnings.warn(str(exc), stacklevel=3)
-        return {}
-    return {m.id: m for m in found}
+    found: dict[str, EnvManifest] = {}
+    where = f"{dist.metadata['Name']} {dist.version}"
+    has_catalog = dist.read_text(CATALOG_METADATA_PATH) is not None
+    for path, parse in (
+        (MANIFEST_METADATA_PATH, manifests_from_pyproject),
+        (CATALOG_METADATA_PATH, manifests_from_catalog),
+    ):
+        text = dist.read_text(path)
+        if text is None or (path == MANIFEST_METADATA_PATH and "tool.molt.env" not in text and has_catalog):
+            continue  # a package may keep every manifest in its catalog
+        try:
+            manifests = parse(text, f"{where} {path.rpartition('/')[2]}")
+        except ManifestError as exc:
+            warnings.warn(str(exc), stacklevel=3)
+            continue
+        for m in manifests:
+            if m.id in found:
+                warnings.warn(
+                    f"{where}: {m.id!r} has manifests in pyproject.toml and catalog.toml; keep one", stacklevel=3
+                )
+            found.setdefault(m.id, m)
+    return found
 
 
 def _did_you_mean(word: str, choices: list[str]) -> str:

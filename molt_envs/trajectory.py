@@ -2,6 +2,9 @@
 
 Invariants: ``log_probs`` is 1:1 with ``token_ids`` (0.0 outside actions); every ``(start, end)`` in
 ``action_ranges`` is a half-open span of tokens the model generated; nothing is ever re-tokenized.
+
+A runner may return several trajectories for one episode: the *segments* of one chat rollout (one ``rollout_id``,
+one reward) or the *seats* of one game (``seat`` set, a ``rollout_id`` and a reward each).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class Trajectory:
     prompt_len: int = 0  # tokens before the first action
     finish_reasons: list[str] = field(default_factory=list)  # one per action range
     num_turns: int = 0
+    seat: str | None = None  # the seat of a multi-seat game this is (molt_envs.seats); None for one-seat episodes
 
     def append_action(self, token_ids: list[int], log_probs: list[float], finish_reason: str = "stop") -> None:
         """Append tokens the model generated, as a new action range.

@@ -56,12 +56,23 @@ class Experience:
 
 
 def as_trajectories(result: Trajectory | list[Trajectory]) -> list[Trajectory]:
-    """A runner returns one Trajectory or a list of segment Trajectories sharing a rollout_id."""
+    """A runner returns one Trajectory, a list of segment Trajectories sharing a rollout_id, or the seat
+    Trajectories of one game (``seat`` set, a rollout_id and a reward each)."""
     segments = [result] if isinstance(result, Trajectory) else list(result)
     for seg in segments:
         if not isinstance(seg, Trajectory):
             raise TypeError(f"Runner.execute must return a Trajectory or a list of them, got {type(seg).__name__}")
     return segments
+
+
+def estimator_group(traj: Trajectory, group_id: str) -> str:
+    """The group a trajectory's advantage is estimated in: its prompt's group, per seat for the seats of a game.
+
+    The seats of one game never share a group: their rewards are tied by the rules (zero-sum: they sum to 0, so a
+    group of both seats has mean 0 whatever the play) and a seat's role is part of its expected reward (the first
+    mover wins more often). A seat is compared with the same seat in the other samples of its prompt.
+    """
+    return group_id if traj.seat is None else f"{group_id}/{traj.seat}"
 
 
 def drop_reason(traj: Trajectory, max_len: int) -> str | None:

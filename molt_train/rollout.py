@@ -6,8 +6,9 @@ Weight syncs and rollouts in flight: the hf engine swaps weights between two dec
 the requests in flight, loads and resumes them on the new weights only with ``partial_rollout``; otherwise a sync
 waits until the batch being generated is complete, so every trajectory comes from one set of weights.
 
-Every prompt gets ``n_samples_per_prompt`` rollouts sharing a ``group_id``; a runner may return one Trajectory or a
-list of segment Trajectories sharing a ``rollout_id``. An episode that fails (the runner records a failure, raises,
+Every prompt gets ``n_samples_per_prompt`` rollouts sharing a ``group_id``; a runner may return one Trajectory, a
+list of segment Trajectories sharing a ``rollout_id``, or one Trajectory per seat of a game (grouped per seat:
+``experience.estimator_group``). An episode that fails (the runner records a failure, raises,
 or exceeds the timeout) or cannot be trained on is dropped whole and counted by reason; the batch goes on.
 """
 
@@ -26,7 +27,7 @@ import torch
 from molt_envs import SamplingParams, Trajectory, load_agent_runner
 from molt_train.data import PromptSampler
 from molt_train.engines.hf import HFEngine
-from molt_train.experience import as_trajectories, drop_reason
+from molt_train.experience import as_trajectories, drop_reason, estimator_group
 
 
 def episode_seed(seed: int, step: int, row: int, sample: int) -> int:
@@ -69,6 +70,8 @@ class RolloutWorker:
             import env_registry
 
             self.runner = env_registry.runner_for(env_id)
+        if hasattr(self.runner, "engine_loader"):  # a game's frozen-checkpoint seats: an hf engine of their own
+            self.runner.engine_loader = lambda path: (e := HFEngine.from_pretrained(path), e.tokenizer)
         self.max_len, self.timeout_s = max_len, timeout_s
         self.rows: list[dict[str, Any]] = []
         self.sampler: PromptSampler | None = None
@@ -133,7 +136,7 @@ class RolloutWorker:
         if not segments:
             return [], "no_segments"
         for seg in segments:
-            seg.group_id = group_id
+            seg.group_id = estimator_group(seg, group_id)
             reason = drop_reason(seg, self.max_len)
             if reason is not None:
                 return [], reason

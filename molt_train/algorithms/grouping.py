@@ -2,7 +2,9 @@
 
 A rollout of a chat agent can be split into several segments (rows) that
 share one ``rollout_id`` and one reward; the rollouts of one prompt share a
-``group_id``. Estimators, loss aggregation, reward shaping and dynamic
+``group_id``. The seats of one game are separate rollouts (a ``rollout_id``
+and a reward each) in separate groups, ``<prompt group>/<seat>``
+(``molt_train.experience.estimator_group``). Estimators, loss aggregation, reward shaping and dynamic
 filtering all need "which unit does this row belong to", which is this.
 """
 

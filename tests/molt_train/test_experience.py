@@ -140,3 +140,12 @@ def test_prepare_shapes_rewards_filters_groups_and_estimates_advantages():
     assert exp.rewards.tolist() == [1.0, -1.0]  # the truncated rollout's reward is replaced by the coefficient
     assert metrics["stop_properly_penalty"] == -0.25 and metrics["dynamic_filtering_pass_rate"] == 0.5
     assert exp.advantages[0, 2] > 0 > exp.advantages[1, 2]
+
+
+def test_the_seats_of_a_game_are_grouped_per_seat_and_segments_stay_in_their_prompts_group():
+    from molt_train.experience import estimator_group
+
+    x, o = Trajectory(seat="player_1", reward=1.0), Trajectory(seat="player_2", reward=-1.0)
+    segment = Trajectory(rollout_id="r0", reward=0.5)
+    assert [estimator_group(t, "7:3") for t in (x, o, segment)] == ["7:3/player_1", "7:3/player_2", "7:3"]
+    assert x.rollout_id != o.rollout_id

@@ -1,0 +1,99 @@
+"""``molt/tictactoe-v1`` and ``molt/connect-four-v1``: PettingZoo's classic board games as multi-seat text games
+(``molt_envs.bridges.PettingZooGame``), self-play by default.
+
+The first seat plays ``X``, the second ``O``. Each turn a seat is shown the board; free tic-tac-toe squares show
+their number, and connect four shows the column numbers above the board. The model may think first: the last number
+of its reply is the move. A reply without a number, or a move onto a taken square or a full column, forfeits the
+game (-1 for the seat, +1 for the other): a counted ``illegal_move``, never a crash.
+
+Splits (``game_split``): ``train`` is self-play episode seeds; ``test`` plays against a uniformly random player,
+the model taking each seat in turn; ``sft`` is positions of random games with a random legal move as the
+reference reply (what a model is fine-tuned on before RL). The three draw from disjoint seed ranges.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from typing import Any
+
+MARKS = ("X", "O")
+
+
+def _marks(agent: str, env: Any) -> tuple[str, str]:
+    me = env.possible_agents.index(agent)
+    return MARKS[me], MARKS[1 - me]
+
+
+def tictactoe_board(observation: Any, agent: str, env: Any) -> str:
+    """Three rows; a free square shows its number (0-8), a taken one its mark."""
+    planes = observation["observation"]
+    me, other = _marks(agent, env)
+    rows = []
+    for r in range(3):
+        cells = [me if planes[r][c][0] else other if planes[r][c][1] else str(3 * r + c) for c in range(3)]
+        rows.append(" ".join(cells))
+    return "\n".join(rows)
+
+
+def tictactoe_rules(agent: str, env: Any) -> str:
+    me, other = _marks(agent, env)
+    return f"Tic-tac-toe. You are {me}, your opponent is {other}. Reply with the number of a free square."
+
+
+def connect_four_board(observation: Any, agent: str, env: Any) -> str:
+    """Column numbers, then six rows top to bottom (``.`` empty)."""
+    planes = observation["observation"]
+    me, other = _marks(agent, env)
+    rows = ["".join(me if cell[0] else other if cell[1] else "." for cell in row) for row in planes]
+    return "0123456\n" + "\n".join(rows)
+
+
+def connect_four_rules(agent: str, env: Any) -> str:
+    me, other = _marks(agent, env)
+    return (
+        f"Connect four. You are {me}, your opponent is {other}. Four in a row (across, down or diagonal) wins. "
+        "Reply with the number of a column that is not full."
+    )
+
+
+def game_split(split: str, size: int, seed: int, rows: str, **game_kwargs: Any) -> Iterator[dict[str, Any]]:
+    """Dataset rows of a game (``rows``: ``self_play``, ``vs_random`` or ``random_moves``; module docstring).
+
+    ``game_kwargs`` are the env's kwargs (the split sets ``env_kwargs = true``): ``random_moves`` plays the very
+    game the env makes, so its prompts are exactly what a seat sees.
+    """
+    if rows == "self_play":
+        for k in range(seed, seed + size):
+            yield {"prompt": "self-play game", "label": {"seed": k}}
+    elif rows == "vs_random":
+        for i, k in enumerate(range(seed, seed + size)):
+            yield {
+                "prompt": "game against a random player",
+                "label": {"seed": k, "mode": "vs", "opponent": "random", "model_seat": i % 2},
+            }
+    elif rows == "random_moves":
+        yield from _random_move_rows(size, seed, game_kwargs)
+    else:
+        raise ValueError(f"rows {rows!r} is not one of 'self_play', 'vs_random', 'random_moves'")
+
+
+def _random_move_rows(size: int, seed: int, game_kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every position of random games, as the seat's whole conversation so far and a random legal reply."""
+    from molt_envs.bridges import PettingZooGame, random_legal_action
+
+    game = PettingZooGame(**game_kwargs)
+    produced, k = 0, seed
+    while produced < size:
+        rng = random.Random(k)
+        game.reset(k)
+        history: dict[str, list[dict[str, Any]]] = {s: [] for s in game.seats}
+        while (seat := game.to_move()) is not None and produced < size:
+            messages = history[seat] + game.observe(seat, first=not history[seat])
+            move = str(random_legal_action(game.env.observe(seat), seat, game.env, rng))
+            yield {"prompt": messages, "label": {"seed": k}, "reference": move}
+            produced += 1
+            history[seat] = [*messages, {"role": "assistant", "content": move}]
+            game.play_text(seat, move)
+        k += 1
+    game.close()

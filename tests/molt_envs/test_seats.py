@@ -1,0 +1,153 @@
+"""Multi-seat games: real PettingZoo tic-tac-toe and connect four through ``SeatRunner`` (self-play, vs a random or
+scripted player, a frozen checkpoint's engine), and the one-seat ``Env`` view."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from chat_support import ScriptedEngine
+
+import env_registry
+from molt_envs import SamplingParams
+from molt_envs.seats import OneSeatEnv, SeatRunner
+
+TTT = "molt/tictactoe-v1"
+
+
+def free_squares(prompt_ids, tokenizer) -> list[int]:
+    """The free squares of the last board a seat was shown (the numbers on it)."""
+    text = tokenizer.decode(prompt_ids)
+    board = text.rsplit("<|im_start|>user\n", 1)[1].split("<|im_end|>", 1)[0]
+    return [int(c) for c in board.split() if c.isdigit()]
+
+
+def first_free(n, prompt_ids, tokenizer):
+    return f"I take square {free_squares(prompt_ids, tokenizer)[0]}"
+
+
+async def run(runner, label, engine, tokenizer, max_length=1024):
+    return await runner.execute("game", label, SamplingParams(max_tokens=16), max_length, tokenizer, engine)
+
+
+async def test_self_play_gives_one_token_exact_trajectory_per_seat(tiny_tokenizer):
+    runner = env_registry.runner_for(TTT)
+    assert isinstance(runner, SeatRunner)
+    engine = ScriptedEngine(tiny_tokenizer, lambda n, ids: first_free(n, ids, tiny_tokenizer))
+    trajs = await run(runner, {"seed": 3}, engine, tiny_tokenizer)
+    assert [t.seat for t in trajs] == ["player_1", "player_2"]
+    x, o = trajs
+    assert all(t.ok for t in trajs), [t.failure for t in trajs]
+    # X plays 0, O 1, X 2, O 3, X 4, O 5, X 6: X completes the diagonal 2-4-6 on its 4th move
+    assert (x.reward, o.reward) == (1.0, -1.0) and x.reward + o.reward == 0.0
+    assert (x.info["win"], o.info["loss"], x.info["seat"]) == (1.0, 1.0, "player_1")
+    assert (x.num_turns, o.num_turns) == (4, 3)
+    assert x.rollout_id != o.rollout_id and x.env_id == TTT and x.spec_hash == env_registry.spec(TTT).hash
+    for traj in trajs:
+        assert len(traj.log_probs) == len(traj.token_ids) and len(traj.action_ranges) == traj.num_turns
+        # every generate call of this seat saw exactly this seat's context so far: token-exact, nothing re-tokenized
+        calls = [c for c in engine.calls if traj.token_ids[: len(c[0])] == c[0]]
+        assert len(calls) == traj.num_turns
+        for (start, end), (_, _, gen) in zip(traj.action_ranges, calls, strict=True):
+            assert traj.token_ids[start:end] == gen.token_ids and traj.log_probs[start:end] == gen.log_probs
+    text = tiny_tokenizer.decode(x.token_ids)
+    assert text.startswith("<|im_start|>system\nTic-tac-toe. You are X, your opponent is O.")
+    assert "<|im_start|>user\nX O X\nO 4 5\n6 7 8<|im_end|>" in text  # the board X saw before its third move
+    assert "You are O" in tiny_tokenizer.decode(o.token_ids)
+
+
+async def test_vs_random_returns_only_the_model_seat_and_its_outcome(tiny_tokenizer):
+    runner = env_registry.runner_for(TTT, mode="vs", opponent="random")
+    engine = ScriptedEngine(tiny_tokenizer, lambda n, ids: first_free(n, ids, tiny_tokenizer))
+    outcomes = []
+    for seed in range(6):
+        (traj,) = await run(runner, {"seed": seed}, engine, tiny_tokenizer)
+        assert traj.ok and traj.seat == ["player_1", "player_2"][seed % 2]  # the model seat alternates with the seed
+        assert traj.info["win"] + traj.info["draw"] + traj.info["loss"] == 1.0
+        assert traj.reward == traj.info["win"] - traj.info["loss"]
+        outcomes.append(traj.reward)
+    again = [(await run(runner, {"seed": s}, engine, tiny_tokenizer))[0].reward for s in range(6)]
+    assert again == outcomes  # the seed fixes the random player's moves
+
+
+async def test_an_illegal_move_is_a_counted_forfeit(tiny_tokenizer):
+    runner = env_registry.runner_for(TTT)
+    engine = ScriptedEngine(tiny_tokenizer, ["4", "4"])  # O plays X's square
+    x, o = await run(runner, {"seed": 0}, engine, tiny_tokenizer)
+    assert (x.reward, o.reward) == (1.0, -1.0)
+    assert (o.info["illegal_move"], x.info["opponent_illegal_move"], x.info["illegal_move"]) == (1.0, 1.0, 0.0)
+    unparsable = ScriptedEngine(tiny_tokenizer, ["no idea"])
+    (x,) = await run(runner, {"seed": 0}, unparsable, tiny_tokenizer)  # O never moved: nothing of it to train on
+    assert (x.seat, x.reward, x.info["illegal_move"], x.num_turns) == ("player_1", -1.0, 1.0, 1)
+
+
+def center_first(observation, agent, env, rng):
+    """A scripted player: the centre if free, else the first free square."""
+    legal = [i for i, ok in enumerate(observation["action_mask"]) if ok]
+    return 4 if 4 in legal else legal[0]
+
+
+async def test_scripted_player_and_frozen_checkpoint_engine_fill_seats(tiny_tokenizer):
+    runner = env_registry.runner_for(TTT, mode="vs", opponent=f"{__name__}:center_first")
+    engine = ScriptedEngine(tiny_tokenizer, ["0", "1", "2", "3", "5", "6", "7", "8"])
+    (traj,) = await run(runner, {"seed": 0, "model_seat": "player_2"}, engine, tiny_tokenizer)
+    assert traj.seat == "player_2" and "You are O" in tiny_tokenizer.decode(traj.token_ids[: traj.prompt_len])
+    assert tiny_tokenizer.decode(traj.token_ids).count("<|im_start|>user\n") == traj.num_turns
+
+    frozen = ScriptedEngine(tiny_tokenizer, lambda n, ids: first_free(n, ids, tiny_tokenizer))
+    checkpoint = "checkpoint:/models/frozen"
+    runner = env_registry.runner_for(TTT, seat_policies={"player_2": checkpoint})
+    runner.engines[checkpoint] = (frozen, tiny_tokenizer)
+    model = ScriptedEngine(tiny_tokenizer, lambda n, ids: first_free(n, ids, tiny_tokenizer))
+    (traj,) = await run(runner, {"seed": 1}, model, tiny_tokenizer)
+    assert traj.seat == "player_1" and len(frozen.calls) == traj.num_turns - 1 == 3  # O generated, not returned
+    loaded = []
+    runner = env_registry.runner_for(TTT, seat_policies={"player_2": checkpoint})
+    runner.engine_loader = lambda path: loaded.append(path) or (frozen, tiny_tokenizer)
+    await run(runner, {"seed": 1}, model, tiny_tokenizer)
+    await run(runner, {"seed": 2}, model, tiny_tokenizer)
+    assert loaded == ["/models/frozen"]  # asked once, then kept
+    (failed,) = await run(
+        env_registry.runner_for(TTT, seat_policies={"player_2": checkpoint}), 1, model, tiny_tokenizer
+    )
+    assert "no engine for it" in failed.failure
+
+
+async def test_a_failure_fails_every_seat_and_a_full_context_truncates_the_game(tiny_tokenizer):
+    runner = env_registry.runner_for(TTT)
+    broken = ScriptedEngine(tiny_tokenizer, ["0"], fail_first=2)
+    trajs = await run(runner, {"seed": 0}, broken, tiny_tokenizer)
+    assert len(trajs) == 2 and all(t.failure and t.failure.startswith("generate: RuntimeError") for t in trajs)
+    engine = ScriptedEngine(tiny_tokenizer, lambda n, ids: first_free(n, ids, tiny_tokenizer))
+    x, o = await run(runner, {"seed": 0}, engine, tiny_tokenizer, max_length=90)
+    assert x.truncated and o.truncated and x.info["truncated_game"] == 1.0 and x.reward == o.reward == 0.0
+    assert max(len(x.token_ids), len(o.token_ids)) <= 90
+
+
+@pytest.mark.parametrize("env_id", [TTT, "molt/connect-four-v1"])
+async def test_one_seat_view_plays_against_the_default_random_opponent(env_id):
+    rows = env_registry.load_split(env_registry.spec(env_id), "test", 2)
+    for row in rows:  # the test split plays against a random player, the model taking each seat in turn
+        env = OneSeatEnv(env_registry.make(env_id))
+        start = await env.reset({"observation": row["prompt"], "label": row["label"]})
+        assert env.seat == env.game.seats[row["label"]["model_seat"]]
+        assert start["observation"][0]["role"] == "system" and start["observation"][1]["role"] == "user"
+        rng, total, done = random.Random(0), 0.0, False
+        while not done:
+            mask = env.game.env.observe(env.seat)["action_mask"]
+            move = rng.choice([i for i, ok in enumerate(mask) if ok])
+            result = await env.step({"action_text": f"thinking... {move}", "label": row["label"]})
+            total, done = total + result.reward, result.terminated
+        assert result.info["illegal_move"] == 0.0 and total == result.info["total_reward"] in (-1.0, 0.0, 1.0)
+        await env.close()
+
+
+def test_bad_policies_and_modes_fail_at_make():
+    with pytest.raises(ValueError, match="opponent 'alphazero' is not a policy"):
+        env_registry.make(TTT, mode="vs", opponent="alphazero")
+    with pytest.raises(ValueError, match="seat_policies names seat 'player_9'"):
+        env_registry.make(TTT, seat_policies={"player_9": "random"})
+    with pytest.raises(ValueError, match="mode 'league' is not one of"):
+        env_registry.make(TTT, mode="league")
+    with pytest.raises(ValueError, match="scripted policy 'no_such_module:fn' cannot be imported"):
+        env_registry.make(TTT, mode="vs", opponent="no_such_module:fn")
