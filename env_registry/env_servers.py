@@ -130,7 +130,7 @@ class ManagedServer:
 
     def _pump(self, process: subprocess.Popen, found: list[str]) -> None:
         """Copy the server's stdout to its log (a full pipe would stall it), noting the URL of its ready line."""
-        with self.log_path.open("ab") as log_file:
+        with self.log_path.open("ab") as log_file, process.stdout:
             for line in process.stdout:
                 log_file.write(line)
                 log_file.flush()
@@ -150,20 +150,24 @@ class ManagedServer:
             return False
 
     def restart(self) -> str:
-        self.stop()
+        """Stop it without grace (it is dead or hung) and start it again; returns the new base URL."""
+        self.stop(graceful=False)
         self.restarts += 1
         log.warning("restarting the env server of %s (restart %d)", self.where, self.restarts)
         return self.start()
 
-    def stop(self) -> None:
-        """Close its stdin (it exits by itself), then terminate, then kill: at most ~10 s."""
+    def stop(self, graceful: bool = True) -> None:
+        """Close its stdin (it exits by itself), then terminate, then kill (a hung one: terminate, then kill)."""
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
-        for step in (process.stdin.close, process.terminate, process.kill):
+        steps = (
+            (process.stdin.close, process.terminate, process.kill) if graceful else (process.terminate, process.kill)
+        )
+        for step in steps:
             try:
                 step()
-                process.wait(timeout=5)
+                process.wait(timeout=5 if graceful else 2)
                 return
             except subprocess.TimeoutExpired:
                 continue

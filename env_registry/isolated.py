@@ -113,9 +113,10 @@ def install_release(info: Any, wheel: Path) -> IsolatedInstall:
     )
     try:
         root.mkdir(parents=True, exist_ok=True)
-        _run([sys.executable, "-m", "venv", "--clear", str(venv)], f"creating the venv {venv}")
+        # without pip of its own (this interpreter's pip installs into it): a venv in half a second, not ten
+        _run([sys.executable, "-m", "venv", "--clear", "--without-pip", str(venv)], f"creating the venv {venv}")
         record.runtime = runtime_requirement()
-        pip_install(record.python, [record.runtime, str(wheel)], f"{info.package} {info.version} into {venv}")
+        pip_install([record.runtime, str(wheel)], f"{info.package} {info.version} into {venv}", into=record.python)
         for env_id in record.env_ids:
             server = ManagedServer(record.python, env_id, record.where)
             try:
