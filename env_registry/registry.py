@@ -351,7 +351,8 @@ def pprint_registry(print_output: bool = True) -> str:
         lines.append(f"===== {namespace} =====")
         lines.extend(
             f"  {i}  [{registry[i].kind}, {registry[i].package or 'registered at run time'} "
-            f"{registry[i].package_version or ''}]".rstrip()
+            f"{registry[i].package_version or ''}".rstrip()
+            + (", isolated]" if isinstance(registry[i], RemoteEnvSpec) else "]")
             for i in ids
         )
     text = "\n".join(lines) if lines else "no environments registered"

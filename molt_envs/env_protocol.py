@@ -23,7 +23,6 @@ with images fails with a clear error instead of sending them).
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
@@ -233,7 +232,8 @@ def no_images(images: list[Any] | None, where: str) -> list[str]:
 
 
 def sampling_dict(params: SamplingParams | dict[str, Any] | None) -> dict[str, Any] | None:
-    return asdict(params) if isinstance(params, SamplingParams) else params
+    # vars(), not dataclasses.asdict: its recursive deep copy is a tenth of a step's cost, and the fields are flat
+    return dict(vars(params)) if isinstance(params, SamplingParams) else params
 
 
 def step_message(state: StepState) -> dict[str, Any]:

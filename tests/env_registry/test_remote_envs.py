@@ -12,7 +12,7 @@ import textwrap
 
 import httpx
 import pytest
-from packaging_support import MOLT_ENV
+from packaging_support import MOLT_ENV, run_cli
 
 import env_registry
 import sandboxes
@@ -283,3 +283,11 @@ def test_a_garbage_answer_mid_episode_is_a_counted_protocol_failure(hostile):
     episode = run(hostile("garbage-steps"), "3", "3")
     assert episode.failure.startswith("remote_protocol: ProtocolViolation:"), episode.failure
     assert "not molt-env/1" in episode.failure
+
+
+def test_molt_env_check_and_info_reach_the_server(served):
+    url = served("molt/arith-v1")
+    checked = run_cli("check", url)
+    assert checked.returncode == 0 and "served by the env server at" in checked.stdout, checked.stdout
+    info = run_cli("info", url)
+    assert info.returncode == 0 and json.loads(info.stdout)["hash"] == env_registry.spec("molt/arith-v1").hash
