@@ -112,7 +112,9 @@ def main() -> None:
     parser.add_argument("--env", default="molt/arith-v1", help="an env installed here (served and run in process)")
     parser.add_argument("--episodes", type=int, nargs="+", default=[1, 256])
     parser.add_argument("--steps", type=int, default=20, help="steps per episode")
-    parser.add_argument("--gen-ms", type=float, nargs="+", default=[1000.0, 200.0, 0.0], help="generation time per turn")
+    parser.add_argument(
+        "--gen-ms", type=float, nargs="+", default=[1000.0, 200.0, 0.0], help="generation time per turn"
+    )
     parser.add_argument("--url", help="bench this running server instead of starting one (no server CPU figure)")
     args = parser.parse_args()
 

@@ -156,14 +156,15 @@ def test_max_episodes_makes_later_episodes_wait(served):
     assert asyncio.run(two_episodes())
 
 
-async def exchange(url: str, protocol: str, *messages: str) -> list[dict]:
+async def exchange(url: str, protocol: str, *messages: str | None) -> list[dict]:
     from websockets.asyncio.client import connect
 
     base = url.replace("http://", "ws://")
     async with connect(f"{base}/ws?protocol={protocol}") as ws:
         answers = []
         for message in messages:
-            await ws.send(message)
+            if message is not None:
+                await ws.send(message)
             answers.append(json.loads(await ws.recv()))
         return answers
 
@@ -188,7 +189,7 @@ def test_the_server_answers_malformed_messages_and_keeps_the_episode(served):
 
 
 def test_a_client_of_another_protocol_version_is_refused(served):
-    (answer,) = asyncio.run(exchange(served("molt/arith-v1"), "2", "{}"))
+    (answer,) = asyncio.run(exchange(served("molt/arith-v1"), "2", None))  # the server speaks first, and closes
     assert answer["data"]["code"] == "PROTOCOL_MISMATCH" and "molt-env/1" in answer["data"]["message"]
 
 
