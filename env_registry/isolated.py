@@ -133,6 +133,10 @@ def install_release(info: Any, wheel: Path) -> IsolatedInstall:
         ) from None
     record.status = "installed"
     _write(root, record)
+    from env_registry.registry import registry
+
+    for spec in served_specs(record):  # make(ID) works in this process from now on
+        registry.add_served(spec)
     return record
 
 

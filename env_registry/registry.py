@@ -122,6 +122,7 @@ class Registry(Mapping[str, EnvSpec]):
     def add_served(self, spec: RemoteEnvSpec) -> None:
         """Add a spec whose env runs in an env server (an isolated install). A package installed in this
         interpreter keeps its ID (an env server serving that very package finds itself here)."""
+        self._discover()  # (a no-op when called by discovery itself)
         with self._lock:
             here = self._specs.get(spec.id)
             if here is not None and not isinstance(here, RemoteEnvSpec):
