@@ -1,5 +1,5 @@
 """``molt-env``: list, inspect and check environments; scaffold, build, publish, serve, search, install and yank
-env packages."""
+env packages; serve an installed env to other processes (``serve-env``)."""
 
 from __future__ import annotations
 
@@ -172,16 +172,46 @@ def cmd_install(args: argparse.Namespace) -> int:
     from env_registry.client import open_registry
     from env_registry.install import install
 
-    info = install(args.env_id, open_registry(args.registry, args.token), python=args.python)
+    info = install(args.env_id, open_registry(args.registry, args.token), python=args.python, isolated=args.isolated)
     if info.yanked:
         print(
             f"warning: {info.package} {info.version} is yanked: {info.yanked_reason or '(no reason given)'}",
             file=sys.stderr,
         )
+    where = " into a venv of its own (make() and --env serve it from there)" if args.isolated else ""
     print(
-        f"installed {info.package} {info.version} (provides {', '.join(info.env_ids)}; wheel sha256 "
+        f"installed {info.package} {info.version}{where} (provides {', '.join(info.env_ids)}; wheel sha256 "
         f"{info.wheel.sha256[:16]} verified)"
     )
+    return 0
+
+
+def cmd_serve_env(args: argparse.Namespace) -> int:
+    from env_registry.env_servers import serve_env
+    from env_registry.isolated import records
+    from env_registry.remote import RemoteEnvSpec, is_url
+
+    if is_url(args.env_id):
+        raise Error(f"{args.env_id} is already served; serve-env takes a registered ID such as ns/name-v1")
+    python = args.python
+    if python is None:
+        spec = registry.spec(args.env_id)
+        if isinstance(spec, RemoteEnvSpec):  # an isolated install: serve it from its own venv
+            python = next(r.python for r in records() if (r.package, r.version) == (spec.package, spec.package_version))
+    if python is not None:
+        path = Path(python).expanduser()
+        path = path / "bin" / "python" if path.is_dir() else path
+        if not path.is_file():
+            raise Error(f"--python {python!r} is neither a venv directory nor a python interpreter")
+        argv = [str(path), "-m", "env_registry.cli", "serve-env", args.env_id, "--host", args.host, "--port"]
+        argv += [str(args.port)] + (["--max-episodes", str(args.max_episodes)] if args.max_episodes else [])
+        os.execv(str(path), argv + (["--exit-on-stdin-eof"] if args.exit_on_stdin_eof else []))
+    if args.max_episodes is not None and args.max_episodes < 1:
+        raise Error(f"--max-episodes must be >= 1, got {args.max_episodes}")
+    try:
+        serve_env(args.env_id, args.host, args.port, args.max_episodes, exit_on_stdin_eof=args.exit_on_stdin_eof)
+    except OSError as exc:
+        raise Error(str(exc)) from None
     return 0
 
 
@@ -275,6 +305,11 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("env_id")
     registry_args(ins)
     ins.add_argument("--python", help="the interpreter to install into (default: this one)")
+    ins.add_argument(
+        "--isolated",
+        action="store_true",
+        help="install into a venv of its own (its dependencies cannot clash with others'); make() serves it from there",
+    )
     ins.set_defaults(fn=cmd_install)
 
     yan = sub.add_parser("yank", help="yank a package version (ns/name-vN@version); exact pins still install it")
@@ -282,6 +317,19 @@ def build_parser() -> argparse.ArgumentParser:
     registry_args(yan)
     yan.add_argument("--reason", default="", help="shown to whoever installs it by pin")
     yan.set_defaults(fn=cmd_yank)
+
+    sen = sub.add_parser(
+        "serve-env", help="serve an installed env over the env protocol (HTTP + one WebSocket per episode)"
+    )
+    sen.add_argument("env_id")
+    sen.add_argument("--python", help="serve it from this venv (a directory or its python); isolated installs: theirs")
+    sen.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
+    sen.add_argument("--port", type=int, default=8100, help="port to listen on (0: a free one)")
+    sen.add_argument(
+        "--max-episodes", type=int, help="at most N episodes at once; more wait for a free slot (default: no limit)"
+    )
+    sen.add_argument("--exit-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)  # servers make() starts
+    sen.set_defaults(fn=cmd_serve_env)
     return parser
 
 

@@ -1,4 +1,5 @@
-"""An env's dataset splits: JSONL files shipped inside its package, or generator functions.
+"""An env's dataset splits: JSONL files shipped inside its package, or generator functions; an env behind an env
+server (a URL, an isolated install) streams them from its server.
 
 Rows come out normalized: ``{"prompt": [chat messages] | str, "label": ..., "reference": str | None, "row": raw}``.
 """
@@ -13,8 +14,10 @@ from itertools import islice
 from pathlib import Path
 from typing import Any
 
+from env_registry import remote
 from env_registry.errors import Error
 from env_registry.manifest import DatasetSplit, EnvSpec
+from env_registry.remote import RemoteEnvSpec
 
 
 def split_config(spec: EnvSpec, split: str) -> DatasetSplit:
@@ -57,6 +60,10 @@ def iter_split(spec: EnvSpec, split: str) -> Iterator[dict[str, Any]]:
         Error: for a missing split or file, a line that is not JSON, or a row without the split's keys (the
             message names the row and its fields).
     """
+    if isinstance(spec, RemoteEnvSpec):
+        split_config(spec, split)
+        yield from remote.rows(spec, split)
+        return
     cfg = split_config(spec, split)
     if cfg.generator is not None:
         module, _, fn = cfg.generator.partition(":")
@@ -74,6 +81,9 @@ def load_split(spec: EnvSpec, split: str, limit: int | None = None) -> list[dict
     Raises:
         Error: as ``iter_split``.
     """
+    if isinstance(spec, RemoteEnvSpec):  # the server stops after ``limit`` rows
+        split_config(spec, split)
+        return list(remote.rows(spec, split, limit))
     return list(islice(iter_split(spec, split), limit))
 
 
@@ -84,7 +94,7 @@ def count_rows(spec: EnvSpec, split: str) -> int:
         Error: for a missing split or file.
     """
     cfg = split_config(spec, split)
-    if cfg.path is not None:
+    if cfg.path is not None and not isinstance(spec, RemoteEnvSpec):
         with split_path(spec, split).open("rb") as f:
             return sum(1 for line in f if line.strip())
     return sum(1 for _ in iter_split(spec, split))

@@ -67,6 +67,15 @@ class InstallError(Error):
     """Raised when pip fails to install a release."""
 
 
+class EnvServerUnavailable(Error):
+    """An env server cannot be used: nothing answers at its URL, it is no env server, it speaks another protocol
+    version, it does not serve the ID, or the server of an isolated install does not start."""
+
+
+class IsolatedInstallError(Error):
+    """An isolated install (a package in a virtual environment of its own) failed or is broken."""
+
+
 class DeprecatedEnvWarning(UserWarning):
     """Warned when an older registered version is requested, or an unversioned ID resolves to the latest version."""
 

@@ -14,9 +14,11 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+from env_registry import isolated, remote
 from env_registry.errors import (
     DeprecatedEnv,
     DeprecatedEnvWarning,
+    IsolatedInstallError,
     ManifestError,
     NameNotFound,
     NamespaceNotFound,
@@ -26,6 +28,7 @@ from env_registry.errors import (
 )
 from env_registry.ids import EnvId, parse_env_id
 from env_registry.manifest import EnvManifest, EnvSpec, manifests_from_catalog, manifests_from_pyproject
+from env_registry.remote import RemoteEnvSpec
 
 ENTRY_POINT_GROUP = "molt.envs"
 MANIFEST_METADATA_PATH = "extra_metadata/molt/pyproject.toml"
@@ -112,9 +115,31 @@ class Registry(Mapping[str, EnvSpec]):
                     self._add(spec, explicit=False)
                 except Exception as exc:  # one broken package must not hide every other env
                     warnings.warn(f"skipping env {ep.name!r} from package {name!r}: {exc}", stacklevel=2)
+            for record in isolated.records():
+                if record.status == "installed":
+                    for served in isolated.served_specs(record):
+                        self.add_served(served)
+
+    def add_served(self, spec: RemoteEnvSpec) -> None:
+        """Add a spec whose env runs in an env server (an isolated install). A package installed in this
+        interpreter keeps its ID (an env server serving that very package finds itself here)."""
+        self._discover()  # (a no-op when called by discovery itself)
+        with self._lock:
+            here = self._specs.get(spec.id)
+            if here is not None and not isinstance(here, RemoteEnvSpec):
+                if (here.package, here.package_version) != (spec.package, spec.package_version):
+                    warnings.warn(
+                        f"{spec.id!r} is installed here ({here.package} {here.package_version}) and as "
+                        f"{spec.where}; using the one installed here (`pip uninstall {here.package}` to use the other)",
+                        stacklevel=3,
+                    )
+                return
+            self._specs[spec.id] = spec
 
     # -- lookup --
     def spec(self, env_id: str) -> EnvSpec:
+        if remote.is_url(env_id):  # "http://host:port/ns/name-v1": the server's spec
+            return remote.url_spec(env_id)
         if ":" in env_id:  # "some.module:ns/name-v1" imports the module (which registers) first
             module, env_id = env_id.split(":", 1)
             try:
@@ -136,6 +161,12 @@ class Registry(Mapping[str, EnvSpec]):
                 )
                 spec = self._specs[latest]
         if spec is None:
+            failed = isolated.failed_install(parsed.unpinned)
+            if failed is not None:
+                raise IsolatedInstallError(
+                    f"{parsed.unpinned!r} was to come from {failed.where}, which failed: {failed.error}; fix it and "
+                    f"run `molt-env install {parsed.unpinned} --isolated` again"
+                )
             self._raise_not_found(parsed)
         versions = self._versions(parsed)
         if parsed.version is not None and versions and parsed.version < max(versions):
@@ -185,6 +216,10 @@ class Registry(Mapping[str, EnvSpec]):
     def load(self, env_id: str) -> type:
         """Import and return the class an ID's entry point names."""
         spec = self.spec(env_id)
+        if isinstance(spec, RemoteEnvSpec):
+            raise RegistrationError(
+                f"{spec.id!r} runs in {spec.where}; there is no class to import here: use make() or runner_for()"
+            )
         module_name, _, attr = spec.entry_point.partition(":")
         try:
             obj: Any = importlib.import_module(module_name)
@@ -197,6 +232,13 @@ class Registry(Mapping[str, EnvSpec]):
     def factory(self, env_id: str, **kwargs: Any) -> tuple[EnvSpec, Callable[[], Any]]:
         """Resolve once; return the spec (with ``kwargs`` overlaid) and a function making fresh stamped instances."""
         spec = self.spec(env_id)
+        if isinstance(spec, RemoteEnvSpec):
+            if kwargs:
+                raise RegistrationError(
+                    f"{spec.id!r} runs in {spec.where}; make() kwargs {sorted(kwargs)} cannot reach it: "
+                    "set them in the spec the server serves"
+                )
+            return spec, remote.factory(spec)
         cls = self.load(env_id)
         merged = {**spec.kwargs, **kwargs}
         stamped = spec.model_copy(update={"kwargs": merged}) if kwargs else spec
@@ -325,7 +367,8 @@ def pprint_registry(print_output: bool = True) -> str:
         lines.append(f"===== {namespace} =====")
         lines.extend(
             f"  {i}  [{registry[i].kind}, {registry[i].package or 'registered at run time'} "
-            f"{registry[i].package_version or ''}]".rstrip()
+            f"{registry[i].package_version or ''}".rstrip()
+            + (", isolated]" if isinstance(registry[i], RemoteEnvSpec) else "]")
             for i in ids
         )
     text = "\n".join(lines) if lines else "no environments registered"

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from molt_envs.contract import ChatAgent, ChatContext, Result, SamplingParams
-from molt_envs.runners import Runner
+from molt_envs.runners import Runner, failure_reason
 from molt_envs.trajectory import Trajectory
 
 MODEL_NAME = "policy"
@@ -99,8 +99,8 @@ class ChatAgentRunner(Runner):
             result = outcome
             failure = None if session.segments else _nothing_generated(session, max_length)
         except Exception as exc:  # failure isolation: recorded, never raised
-            # an exception may name its own stage (a harness's crash or timeout): counted under that name
-            failure = f"{getattr(exc, 'stage', stage)}: {type(exc).__name__}: {exc}"
+            # an exception may name its own stage (a harness's crash or timeout, a wire failure): counted under it
+            failure = failure_reason(getattr(exc, "stage", stage), exc)
         finally:
             if server is not None and session is not None:
                 server.close_session(session.session_id)

@@ -180,13 +180,13 @@ class StepEnvRunner(Runner):
                 start.get("tools", tools),
             )
         except Exception as exc:  # failure isolation: the episode ends, the reason is recorded, nothing propagates
-            traj.failure = f"{stage[0]}: {type(exc).__name__}: {exc}"
+            traj.failure = failure_reason(stage[0], exc)
         finally:
             if env is not None:
                 try:
                     await env.close()
                 except Exception as exc:
-                    traj.failure = traj.failure or f"close: {type(exc).__name__}: {exc}"
+                    traj.failure = traj.failure or failure_reason("close", exc)
         return traj
 
     async def _render(self, tokenizer: Any, observation: Any, tools: list[dict] | None) -> tuple[str, list[int]]:
@@ -261,6 +261,12 @@ class StepEnvRunner(Runner):
         traj.num_turns = turn
         if traj.score is None:
             traj.score = reward
+
+
+def failure_reason(stage: str, exc: BaseException) -> str:
+    """``Trajectory.failure``: ``"<stage>: <Exception>: <message>"``; an exception's own ``failure_stage`` (the env
+    protocol's wire failures) names the stage instead of where the episode was."""
+    return f"{getattr(exc, 'failure_stage', None) or stage}: {type(exc).__name__}: {exc}"
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:

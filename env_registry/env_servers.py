@@ -1,0 +1,248 @@
+"""Env servers: ``molt-env serve-env ID``, and the servers this process starts for isolated installs.
+
+``serve_env`` serves a registered ID with ``molt_envs.env_server`` (the env, its grader, its datasets and its
+sandboxed tools all run in the server's process). ``ManagedServer`` runs ``python -m env_registry.cli serve-env ID``
+under another interpreter (an isolated install's venv), waits until it answers, restarts it when it has died or
+stopped answering, and stops it when this process exits; if this process is killed instead, the server exits when
+its standard input closes. ``managed_endpoint`` hands out one server per (interpreter, ID) per process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import os
+import re
+import subprocess
+import tempfile
+import threading
+import time
+from itertools import islice
+from pathlib import Path
+from typing import Any
+
+from env_registry.datasets import iter_split
+from env_registry.errors import EnvServerUnavailable, Error
+from env_registry.registry import registry
+from env_registry.remote import check_server
+from molt_envs.remote_env import TIMEOUT_S, Endpoint
+
+START_TIMEOUT_S = float(os.environ.get("MOLT_ENV_START_TIMEOUT_S", "120"))
+PROBE_TIMEOUT_S = 5.0  # a server that cannot answer /health in this long is hung, and is restarted
+MAX_RESTARTS = 20  # per server and process: past this, its episodes fail as remote_connect without more restarts
+READY = re.compile(r" at (https?://\S+?)/(\S+) \(")
+_LEAVE_OUT_OF_CHILD = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
+
+log = logging.getLogger("env_registry.env_servers")
+
+
+def serve_env(
+    env_id: str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    max_episodes: int | None = None,
+    exit_on_stdin_eof: bool = False,
+) -> None:
+    """Serve ``env_id``, registered in this interpreter, until interrupted; prints one line with its URL once it
+    accepts episodes (``port=0`` picks a free port).
+
+    Raises:
+        Error: the ID does not resolve here, or its entry point cannot be loaded (checked before listening).
+        OSError: the address cannot be bound.
+    """
+    from molt_envs.env_protocol import PROTOCOL
+    from molt_envs.env_server import ServedEnv, create_app, serve
+
+    spec, make = registry.factory(env_id)  # imports the env now: a broken package fails here, not per episode
+    served = ServedEnv(
+        env_id=spec.id,
+        kind=spec.kind,
+        factory=make,
+        spec=spec.model_dump(mode="json"),
+        spec_hash=spec.hash,
+        rows=lambda split, limit: islice(iter_split(spec, split), limit),
+        splits=list(spec.datasets),
+    )
+    app = create_app([served], max_episodes=max_episodes)
+    limit = f", at most {max_episodes} episodes at once" if max_episodes else ""
+
+    def ready(base_url: str) -> None:
+        print(f"molt-env serve-env: serving {spec.id} at {base_url}/{spec.id} ({PROTOCOL}{limit})", flush=True)
+
+    serve(app, host, port, on_ready=ready, exit_on_stdin_eof=exit_on_stdin_eof)
+
+
+class ManagedServer:
+    """``serve-env ENV_ID`` under ``python``, started by this process. ``where`` names it in errors."""
+
+    def __init__(self, python: str, env_id: str, where: str, expected_hash: str | None = None) -> None:
+        self.python, self.env_id, self.where, self.expected_hash = python, env_id, where, expected_hash
+        self.process: subprocess.Popen | None = None
+        self.base_url: str | None = None
+        self.metadata: Any = None  # the server's molt_envs.env_protocol.Metadata, once started
+        self.restarts = 0
+        fd, name = tempfile.mkstemp(prefix="molt-env-server-", suffix=".log")
+        os.close(fd)
+        self.log_path = Path(name)
+
+    def start(self) -> str:
+        """Start the server and wait until it answers as an env server serving ``env_id``; returns its base URL.
+
+        Raises:
+            EnvServerUnavailable: it did not start (the log's tail says why), or it serves another spec hash.
+        """
+        cmd = [self.python, "-m", "env_registry.cli", "serve-env", self.env_id, "--port", "0", "--exit-on-stdin-eof"]
+        env = {k: v for k, v in os.environ.items() if k not in _LEAVE_OUT_OF_CHILD}
+        with self.log_path.open("ab") as log_file:
+            try:
+                self.process = subprocess.Popen(
+                    cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_file, env=env, start_new_session=True
+                )
+            except OSError as exc:
+                raise EnvServerUnavailable(f"cannot start the env server of {self.where}: {exc}") from None
+        found: list[str] = []
+        threading.Thread(target=self._pump, args=(self.process, found), daemon=True, name="env-server-log").start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not found and self.process.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not found:
+            self.stop()
+            why = "exited" if self.process.returncode is not None else f"did not answer within {START_TIMEOUT_S:g} s"
+            raise EnvServerUnavailable(
+                f"the env server of {self.where} {why} (`{' '.join(cmd)}`); its log ({self.log_path}) ends:\n"
+                + self.log_tail()
+            )
+        self.base_url = found[0]
+        try:
+            metadata = check_server(self.base_url, self.env_id)
+        except Error:
+            self.stop()
+            raise
+        self.metadata = metadata
+        if self.expected_hash is not None and metadata.hash != self.expected_hash:
+            self.stop()
+            raise EnvServerUnavailable(
+                f"{self.where} now serves {self.env_id} with spec hash {metadata.hash}, but it was installed with "
+                f"{self.expected_hash}; reinstall it (`molt-env install {self.env_id} --isolated`)"
+            )
+        return self.base_url
+
+    def _pump(self, process: subprocess.Popen, found: list[str]) -> None:
+        """Copy the server's stdout to its log (a full pipe would stall it), noting the URL of its ready line."""
+        with self.log_path.open("ab") as log_file, process.stdout:
+            for line in process.stdout:
+                log_file.write(line)
+                log_file.flush()
+                match = READY.search(line.decode(errors="replace"))
+                if match and not found and match[2] == self.env_id:
+                    found.append(match[1])
+
+    def healthy(self, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
+        """Alive and answering ``/health`` within ``timeout_s``."""
+        import httpx
+
+        if self.process is None or self.process.poll() is not None:
+            return False
+        try:
+            return httpx.get(f"{self.base_url}/health", timeout=timeout_s).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def restart(self) -> str:
+        """Stop it without grace (it is dead or hung) and start it again; returns the new base URL."""
+        self.stop(graceful=False)
+        self.restarts += 1
+        log.warning("restarting the env server of %s (restart %d)", self.where, self.restarts)
+        return self.start()
+
+    def stop(self, graceful: bool = True) -> None:
+        """Close its stdin (it exits by itself), then terminate, then kill (a hung one: terminate, then kill)."""
+        process, self.process = self.process, None
+        if process is None or process.poll() is not None:
+            return
+        steps = (
+            (process.stdin.close, process.terminate, process.kill) if graceful else (process.terminate, process.kill)
+        )
+        for step in steps:
+            try:
+                step()
+                process.wait(timeout=5 if graceful else 2)
+                return
+            except subprocess.TimeoutExpired:
+                continue
+            except OSError:
+                pass
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").strip().splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+
+class ManagedEndpoint(Endpoint):
+    """The endpoint of a ``ManagedServer``: after a wire failure the server is probed and, if it is dead or hung,
+    restarted (once per failure wave: failures of connections opened before the restart are ignored); episodes
+    that start meanwhile wait for it."""
+
+    def __init__(self, server: ManagedServer, timeout_s: float = TIMEOUT_S) -> None:
+        super().__init__(server.base_url, server.env_id, timeout_s=timeout_s)
+        self.server = server
+        self._lock = threading.Lock()
+        self._settled = threading.Event()
+        self._settled.set()
+
+    async def ws_url(self) -> str:
+        if not self._settled.is_set():
+            await asyncio.to_thread(self._settled.wait, START_TIMEOUT_S)
+        return await super().ws_url()
+
+    async def recover(self, generation: int) -> None:
+        await asyncio.to_thread(self._recover, generation)
+
+    def _recover(self, generation: int) -> None:
+        with self._lock:
+            if generation != self.generation or self.server.healthy():
+                return
+            if self.server.restarts >= MAX_RESTARTS:
+                log.error("the env server of %s was restarted %d times; not again", self.server.where, MAX_RESTARTS)
+                return
+            self._settled.clear()
+            try:
+                self.base_url = self.server.restart()
+            except Error as exc:  # its episodes fail to connect, and each tries again
+                log.error("%s", exc)
+            finally:
+                self.generation += 1
+                self._settled.set()
+
+
+_ENDPOINTS: dict[tuple[str, str], ManagedEndpoint] = {}
+_ENDPOINTS_LOCK = threading.Lock()
+
+
+def managed_endpoint(python: str, env_id: str, where: str, expected_hash: str | None = None) -> ManagedEndpoint:
+    """The endpoint of this process's server for ``env_id`` under ``python``, started on first use.
+
+    Raises:
+        EnvServerUnavailable: the server does not start (see ``ManagedServer.start``).
+    """
+    key = (python, env_id)
+    with _ENDPOINTS_LOCK:
+        if key not in _ENDPOINTS:
+            server = ManagedServer(python, env_id, where, expected_hash)
+            server.start()
+            _ENDPOINTS[key] = ManagedEndpoint(server)
+        return _ENDPOINTS[key]
+
+
+@atexit.register
+def stop_managed_servers() -> None:
+    """Stop every server this process started (also run at exit)."""
+    with _ENDPOINTS_LOCK:
+        endpoints = list(_ENDPOINTS.values())
+        _ENDPOINTS.clear()
+    for endpoint in endpoints:
+        endpoint.server.stop()
+        endpoint.server.log_path.unlink(missing_ok=True)

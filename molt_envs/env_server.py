@@ -1,0 +1,297 @@
+"""The env server: envs and chat agents served over the env protocol (``molt_envs.env_protocol``), FastAPI + uvicorn.
+
+Each WebSocket is one episode with a fresh instance, made at its first message; the instance's own failures go back
+as ``EXECUTION_ERROR`` answers (the client records them as the episode's failure), and its ``close`` runs however the
+episode ends (a ``close`` message, or the client vanishing). A malformed message gets an error answer and leaves the
+episode open. The server knows nothing of the registry: ``ServedEnv`` hands it a factory, the spec JSON and its hash,
+and the dataset rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, HTTPException, WebSocket, WebSocketDisconnect
+from fastapi.responses import StreamingResponse
+from pydantic import ValidationError
+
+from molt_envs.contract import ChatAgent, ChatContext, Env, Result, SamplingParams
+from molt_envs.env_protocol import (
+    CLIENT_MESSAGE,
+    EXECUTION_ERROR,
+    FACTORY_ERROR,
+    INVALID_JSON,
+    PROTOCOL,
+    PROTOCOL_MISMATCH,
+    PROTOCOL_VERSION,
+    UNKNOWN_TYPE,
+    VALIDATION_ERROR,
+    ChatRun,
+    ResetState,
+    dumps,
+    error_message,
+    no_images,
+    protocol_json_schema,
+    result_message,
+    step_state,
+)
+
+log = logging.getLogger("molt_envs.env_server")
+
+
+@dataclass
+class ServedEnv:
+    """One env as a server serves it."""
+
+    env_id: str
+    kind: str  # "env" | "chat_agent"
+    factory: Callable[[], Env | ChatAgent]  # a fresh instance per episode
+    spec: dict[str, Any]  # the EnvSpec as JSON data
+    spec_hash: str
+    rows: Callable[[str, int | None], Iterable[dict[str, Any]]]  # (split, limit) -> normalized rows
+    splits: list[str] = field(default_factory=list)
+
+
+class _Refused(Exception):
+    """A message the episode cannot take (answered with ``code``, the episode stays open)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def create_app(envs: list[ServedEnv], max_episodes: int | None = None) -> FastAPI:
+    """The FastAPI app serving ``envs``, each under ``/<env id>/``; at most ``max_episodes`` episodes run at once
+    (per env; later ones wait for a free slot)."""
+    if max_episodes is not None and max_episodes < 1:
+        raise ValueError(f"max_episodes must be >= 1 or None, got {max_episodes}")
+    app = FastAPI(title="molt env server", description=f"Serves {', '.join(e.env_id for e in envs)} over {PROTOCOL}.")
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "healthy", "protocol": PROTOCOL, "envs": [e.env_id for e in envs]}
+
+    for served in envs:
+        _add_env_routes(app, served, max_episodes)
+    return app
+
+
+def _add_env_routes(app: FastAPI, served: ServedEnv, max_episodes: int | None) -> None:
+    prefix = f"/{served.env_id}"
+    slots = asyncio.Semaphore(max_episodes) if max_episodes else contextlib.nullcontext()
+    metadata = {
+        "protocol": PROTOCOL,
+        "id": served.env_id,
+        "kind": served.kind,
+        "hash": served.spec_hash,
+        "spec": served.spec,
+        "max_episodes": max_episodes,
+    }
+
+    @app.get(f"{prefix}/metadata")
+    async def get_metadata() -> dict[str, Any]:
+        return metadata
+
+    @app.get(f"{prefix}/schema")
+    async def get_schema() -> dict[str, Any]:
+        return protocol_json_schema()
+
+    @app.get(f"{prefix}/datasets/{{split}}")
+    def get_rows(split: str, limit: int | None = None) -> StreamingResponse:
+        if split not in served.splits:
+            raise HTTPException(404, f"{served.env_id} has no dataset split {split!r}; splits: {served.splits}")
+        return StreamingResponse(_row_lines(served, split, limit), media_type="application/x-ndjson")
+
+    @app.websocket(f"{prefix}/ws")
+    async def episode(ws: WebSocket, protocol: str | None = None) -> None:
+        await ws.accept()
+        if protocol != str(PROTOCOL_VERSION):
+            message = f"this server speaks {PROTOCOL}; the client asked for protocol version {protocol!r}"
+            await ws.send_text(dumps(error_message(PROTOCOL_MISMATCH, message)))
+            await ws.close(code=1008)
+            return
+        async with slots:
+            await _run_episode(ws, served)
+
+
+def _row_lines(served: ServedEnv, split: str, limit: int | None) -> Iterator[str]:
+    """``{"row": ...}`` lines, then ``{"end": count}``, or ``{"error": ...}`` where reading the split failed (so a
+    client can tell a complete split from a cut one)."""
+    count = 0
+    try:
+        for row in served.rows(split, limit):
+            yield json.dumps({"row": row}) + "\n"
+            count += 1
+    except Exception as exc:
+        yield json.dumps({"error": f"{type(exc).__name__}: {exc}"}) + "\n"
+        return
+    yield json.dumps({"end": count}) + "\n"
+
+
+async def _run_episode(ws: WebSocket, served: ServedEnv) -> None:
+    instance: Env | ChatAgent | None = None
+    try:
+        while True:
+            raw = await ws.receive_text()
+            try:
+                message = CLIENT_MESSAGE.validate_json(raw)
+            except ValidationError as exc:
+                code = INVALID_JSON if any(e["type"] == "json_invalid" for e in exc.errors()) else VALIDATION_ERROR
+                await ws.send_text(dumps(error_message(code, f"message refused: {_summary(exc)}")))
+                continue
+            if message.type == "close":
+                closing, instance = instance, None
+                await ws.send_text(dumps(await _close(closing)))
+                break
+            if instance is None:
+                try:
+                    instance = served.factory()
+                except Exception as exc:
+                    await ws.send_text(dumps(error_message(FACTORY_ERROR, _describe(exc), type(exc).__name__)))
+                    continue
+            try:
+                answer = await _handle(instance, served, message)
+                text = dumps(answer)
+            except _Refused as exc:
+                text = dumps(error_message(exc.code, str(exc)))
+            except Exception as exc:  # the env's own failure: the client records it as the episode's
+                text = dumps(error_message(EXECUTION_ERROR, _describe(exc), type(exc).__name__))
+            await ws.send_text(text)
+    except WebSocketDisconnect:
+        pass
+    finally:
+        if instance is not None:  # the client went away mid-episode: release what the episode holds
+            answer = await _close(instance)
+            if answer["type"] == "error":
+                log.warning("closing an abandoned episode of %s: %s", served.env_id, answer["data"]["message"])
+
+
+async def _handle(instance: Env | ChatAgent, served: ServedEnv, message: Any) -> dict[str, Any]:
+    kind = "chat_agent" if isinstance(instance, ChatAgent) else "env"
+    wanted = "run" if kind == "chat_agent" else "reset' or 'step"
+    if (message.type == "run") != (kind == "chat_agent"):
+        raise _Refused(UNKNOWN_TYPE, f"{served.env_id} is a {kind}: it takes '{wanted}' messages, not {message.type!r}")
+    if message.type == "reset":
+        state = await instance.reset(message.data.model_dump())
+        if not isinstance(state, dict) or "observation" not in state:
+            raise TypeError(f"Env.reset must return a dict with an 'observation', got {state!r:.120}")
+        state = {**state, "images": no_images(state.get("images"), "the state Env.reset returned")}
+        ResetState.model_validate(state)
+        return {"type": "observation", "data": {"observation": state, "reward": None, "done": False}}
+    if message.type == "step":
+        result = await instance.step(step_state(message.data))
+        if not isinstance(result, Result):
+            raise TypeError(f"Env.step must return a molt_envs.Result, got {type(result).__name__}")
+        return result_message(result)
+    result = await instance.run(_chat_context(message.data))
+    if not isinstance(result, Result):
+        raise TypeError(f"ChatAgent.run must return a molt_envs.Result, got {type(result).__name__}")
+    return result_message(result)
+
+
+def _chat_context(run: ChatRun) -> ChatContext:
+    return ChatContext(
+        messages=run.messages,
+        tools=run.tools,
+        prompt=run.prompt,
+        label=run.label,
+        images=None,
+        base_url=run.base_url,
+        session_url=run.session_url,
+        model_name=run.model_name,
+        api_key=run.api_key,
+        session_id=run.session_id,
+        sampling_params=SamplingParams(**run.sampling_params),
+        max_length=run.max_length,
+    )
+
+
+async def _close(instance: Env | ChatAgent | None) -> dict[str, Any]:
+    close = getattr(instance, "close", None)  # ChatAgent has no close
+    try:
+        if close is not None:
+            await close()
+    except Exception as exc:
+        return error_message(EXECUTION_ERROR, _describe(exc), type(exc).__name__)
+    return {"type": "closed", "data": {}}
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}"
+
+
+def _summary(exc: ValidationError) -> str:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "(message)"
+    more = f" (+{exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def serve(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    on_ready: Callable[[str], None] | None = None,
+    exit_on_stdin_eof: bool = False,
+) -> None:
+    """Run ``app`` with uvicorn until interrupted; ``on_ready(base_url)`` once it accepts connections (``port=0``
+    picks a free port). ``exit_on_stdin_eof``: stop when standard input closes, i.e. when the parent that started
+    this server dies, however it dies.
+
+    Raises:
+        OSError: the address cannot be bound (the port is taken, or the host is not this machine's).
+    """
+    import uvicorn
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(f"cannot listen on {host}:{port}: {exc.strerror or exc}; pick another --port") from None
+    bound = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level="warning", ws="websockets-sansio", lifespan="off", timeout_keep_alive=30)
+    server = uvicorn.Server(config)
+    if exit_on_stdin_eof:
+        threading.Thread(target=_stop_at_eof, args=(server,), daemon=True, name="stdin-watch").start()
+
+    async def run() -> None:
+        task = asyncio.create_task(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.01)
+        if server.started and on_ready is not None:
+            on_ready(f"http://{f'[{host}]' if ':' in host else host}:{bound}")
+        await task
+
+    try:
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            runner.run(run())
+    finally:
+        sock.close()
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop when it is installed (what uvicorn's ``loop="auto"`` picks), else asyncio's default loop."""
+    try:
+        import uvloop
+    except ImportError:
+        return None
+    return uvloop.new_event_loop
+
+
+def _stop_at_eof(server: Any) -> None:
+    with contextlib.suppress(Exception):
+        while sys.stdin.buffer.read(4096):
+            pass
+    server.should_exit = True

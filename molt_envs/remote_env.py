@@ -1,0 +1,259 @@
+"""The env protocol's client: ``RemoteEnv`` and ``RemoteChatAgent``, ordinary contract objects driving a served env.
+
+The runners keep owning the LLM loop and the token-exact trajectory; only ``reset``/``step``/``close`` (or a chat
+agent's ``run``) cross the wire, one WebSocket per episode. A failure of the wire itself raises an
+``EnvServerError`` whose ``failure_stage`` the runners put first in ``Trajectory.failure`` (so it is counted as
+``rollout/dropped/failure_<stage>``): ``remote_connect`` (no server there), ``remote_lost`` (the connection broke
+mid-episode), ``remote_timeout`` (no answer in time), ``remote_protocol`` (an answer that is not the protocol's).
+After each, the endpoint's ``recover`` runs (a managed server is checked and restarted there). The env's own
+failures come back as ``RemoteEnvError`` and keep the runner's stage, as they would in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+from urllib.parse import quote, urlsplit
+
+from pydantic import TypeAdapter, ValidationError
+from websockets.asyncio.client import connect
+from websockets.exceptions import WebSocketException
+
+from molt_envs.contract import ChatAgent, ChatContext, Env, Result, StepState
+from molt_envs.env_protocol import (
+    CLOSE_REPLY,
+    EXECUTION_ERROR,
+    FACTORY_ERROR,
+    PROTOCOL,
+    PROTOCOL_VERSION,
+    RESET_REPLY,
+    STEP_REPLY,
+    answer_result,
+    dumps,
+    no_images,
+    sampling_dict,
+    step_message,
+)
+
+TIMEOUT_S = float(os.environ.get("MOLT_ENV_TIMEOUT_S", "300"))  # one reset/step/run answer
+CONNECT_TIMEOUT_S = 30.0
+MAX_MESSAGE_BYTES = 64 << 20
+LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+
+
+class EnvServerError(Exception):
+    """The wire to an env server failed; ``failure_stage`` names how (see the module docstring)."""
+
+    failure_stage = "remote"
+
+
+class ServerUnreachable(EnvServerError):
+    """No env server answered at the endpoint's address."""
+
+    failure_stage = "remote_connect"
+
+
+class ServerLost(EnvServerError):
+    """The connection to the env server broke mid-episode (the server died, or the network went away)."""
+
+    failure_stage = "remote_lost"
+
+
+class ServerTimeout(EnvServerError):
+    """The env server did not answer in time."""
+
+    failure_stage = "remote_timeout"
+
+
+class ProtocolViolation(EnvServerError):
+    """The env server answered something that is not the protocol's answer (or refused our message as malformed)."""
+
+    failure_stage = "remote_protocol"
+
+
+class RemoteEnvError(Exception):
+    """The served env raised; the message is the server's ``ExceptionType: message``. A failure making the
+    instance is stage ``make``, as in process; others keep the runner's stage."""
+
+    def __init__(self, message: str, exception: str | None, failure_stage: str | None = None) -> None:
+        super().__init__(message)
+        self.exception = exception
+        self.failure_stage = failure_stage
+
+
+class Endpoint:
+    """Where a served env lives: ``base_url`` (``http://host:port``) and the env ID under it.
+
+    ``recover(generation)`` runs after a wire failure of a connection opened at ``generation``; here it does
+    nothing (a server someone else runs is theirs to restart); ``env_registry`` overrides it for the servers it
+    starts. ``ws_url()`` may wait for a restart in progress.
+    """
+
+    def __init__(self, base_url: str, env_id: str, *, timeout_s: float = TIMEOUT_S) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.env_id = env_id
+        self.timeout_s = timeout_s
+        self.generation = 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.base_url}/{self.env_id})"
+
+    async def ws_url(self) -> str:
+        base = "ws" + self.base_url[len("http") :]
+        return f"{base}/{quote(self.env_id)}/ws?protocol={PROTOCOL_VERSION}"
+
+    async def recover(self, generation: int) -> None:
+        return None
+
+
+class _Episode:
+    """One WebSocket: send a message, wait for its answer, classify every way that can fail."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.ws: Any = None
+        self.generation = 0
+        self.broken = False  # a call did not complete: the connection's state is unknown
+
+    async def open(self) -> None:
+        url = await self.endpoint.ws_url()
+        self.generation = self.endpoint.generation
+        # no proxy on loopback (looking one up reads the whole environment: a third of a connect's CPU)
+        proxy = None if urlsplit(url).hostname in LOOPBACK else True
+        try:
+            self.ws = await connect(
+                url,
+                compression=None,
+                open_timeout=CONNECT_TIMEOUT_S,
+                max_size=MAX_MESSAGE_BYTES,
+                ping_interval=None,
+                proxy=proxy,
+            )
+        except Exception as exc:  # refused, DNS, TLS, an HTTP answer that is no WebSocket upgrade, timeout
+            await self.endpoint.recover(self.generation)
+            raise ServerUnreachable(
+                f"cannot open an episode at {url}: {type(exc).__name__}: {exc}; is `molt-env serve-env "
+                f"{self.endpoint.env_id}` running there?"
+            ) from None
+
+    async def call(self, message: dict[str, Any], reply: TypeAdapter[Any], what: str) -> Any:
+        if self.ws is None:
+            await self.open()
+        text = dumps(message)  # a TypeError/ValueError here is the caller's value: it keeps the runner's stage
+        self.broken = True
+        try:
+            await self.ws.send(text)
+            async with asyncio.timeout(self.endpoint.timeout_s):  # no task per call, unlike wait_for
+                raw = await self.ws.recv()
+        except TimeoutError:
+            await self._fail()
+            raise ServerTimeout(
+                f"{self.endpoint} did not answer {what!r} within {self.endpoint.timeout_s:g} s "
+                "(set MOLT_ENV_TIMEOUT_S or ?timeout_s= on the URL for slower envs)"
+            ) from None
+        except (OSError, EOFError, WebSocketException) as exc:  # WebSocketException: ConnectionClosed and kin
+            await self._fail()
+            raise ServerLost(f"{self.endpoint}: the connection broke during {what!r}: {_why(exc)}") from None
+        self.broken = False
+        try:
+            answer = reply.validate_json(raw)
+        except ValidationError as exc:
+            await self._fail()
+            raise ProtocolViolation(
+                f"{self.endpoint} answered {what!r} with {_clip(raw)}, which is not {PROTOCOL}: "
+                f"{exc.errors()[0]['msg']} at {'.'.join(map(str, exc.errors()[0]['loc'])) or '(top)'}"
+            ) from None
+        if answer.type == "error":
+            data = answer.data
+            if data.code in (EXECUTION_ERROR, FACTORY_ERROR):
+                raise RemoteEnvError(data.message, data.exception, "make" if data.code == FACTORY_ERROR else None)
+            await self._fail()
+            raise ProtocolViolation(f"{self.endpoint} refused {what!r}: {data.code}: {data.message}")
+        return answer
+
+    async def _fail(self) -> None:
+        await self.abort()
+        await self.endpoint.recover(self.generation)
+
+    async def close(self) -> None:
+        """Say ``close`` (the server closes the instance; its failure is raised here) unless the connection is
+        already unusable, then close the socket."""
+        if self.ws is None:
+            return
+        try:
+            if not self.broken:
+                await self.call({"type": "close", "data": {}}, CLOSE_REPLY, "close")
+        finally:
+            await self.abort()
+
+    async def abort(self) -> None:
+        ws, self.ws = self.ws, None
+        if ws is not None:
+            try:
+                await asyncio.wait_for(ws.close(), 1.0)
+            except Exception:
+                ws.transport.abort()
+
+
+class RemoteEnv(Env):
+    """An ``Env`` whose instance lives in an env server; one per episode, like any ``Env``."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._episode = _Episode(endpoint)
+
+    async def reset(self, state: dict[str, Any]) -> dict[str, Any]:
+        message = {
+            "type": "reset",
+            "data": {**state, "images": no_images(state.get("images"), "the reset state")},
+        }
+        answer = await self._episode.call(message, RESET_REPLY, "reset")
+        return {**answer.data.observation.model_dump(), "images": []}
+
+    async def step(self, state: StepState) -> Result:
+        answer = await self._episode.call(step_message(state), STEP_REPLY, "step")
+        return answer_result(answer.data)
+
+    async def close(self) -> None:
+        await self._episode.close()
+
+
+class RemoteChatAgent(ChatAgent):
+    """A ``ChatAgent`` that runs in an env server: it calls the policy at ``ctx.base_url``, so the server must reach
+    that address (the trainer's session server listens on loopback: same machine only)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._episode = _Episode(endpoint)
+
+    async def run(self, ctx: ChatContext) -> Result:
+        data = {
+            "messages": ctx.messages,
+            "tools": ctx.tools,
+            "prompt": ctx.prompt,
+            "label": ctx.label,
+            "images": no_images(ctx.images, "the chat context"),
+            "base_url": ctx.base_url,
+            "session_url": ctx.session_url,
+            "model_name": ctx.model_name,
+            "api_key": ctx.api_key,
+            "session_id": ctx.session_id,
+            "sampling_params": sampling_dict(ctx.sampling_params),
+            "max_length": ctx.max_length,
+        }
+        try:
+            answer = await self._episode.call({"type": "run", "data": data}, STEP_REPLY, "run")
+            result = answer_result(answer.data)
+        except BaseException:
+            await self._episode.abort()
+            raise
+        await self._episode.close()
+        return result
+
+
+def _why(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _clip(raw: Any, limit: int = 200) -> str:
+    text = raw if isinstance(raw, str) else f"a binary frame of {len(raw)} bytes"
+    return repr(text[:limit]) + (" ..." if len(text) > limit else "")
