@@ -1,20 +1,21 @@
 """``molt-env serve``: the registry server, a ``LocalRegistry`` behind FastAPI.
 
+- The hub: server-rendered pages for people (``env_registry.hub``): search, a page per package, an env card per
+  env ID. ``--private`` pages need a login (a token, exchanged for an HttpOnly session cookie).
 - JSON API under ``/api/``: packages, versions, env IDs, manifests, hashes, yanked state; publishing and yanking
   need a token (``Authorization: Bearer <token>``, or HTTP Basic with the token as password, which is what pip
-  sends for ``http://__token__:<token>@host/...``). Reading is open unless the server runs ``--private``.
+  sends for ``http://__token__:<token>@host/...``). Reading is open unless the server runs ``--private``; then a
+  token or the hub's session cookie is needed. Eval summaries are uploaded per release, with a token.
 - ``/simple/``: a PEP 503 index of every package, with ``#sha256=`` fragments and PEP 592 ``data-yanked``;
   use it only as ``pip install --index-url`` (never ``--extra-index-url``, see the README).
 - ``/p/<package>/simple/``: the same index scoped to one package. Any other project name is a 404 there, so when
   it is added next to PyPI, dependencies of the package can only come from PyPI: nothing in this registry can
   shadow them.
-- ``/files/<package>/<file>``: the release files.
+- ``/files/<package>/<file>``: the release files; each wheel download counts as an install of its version.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import html
 import shutil
 import urllib.parse
@@ -22,19 +23,21 @@ import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, File, Form, Query, Request, UploadFile
+from fastapi import FastAPI, File, Form, Query, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 from env_registry import names
+from env_registry.access import STATUS, TOKEN_NEEDED, Publisher, Reader
 from env_registry.artifacts import InvalidArtifact, inspect_release
 from env_registry.errors import Error
+from env_registry.eval_summaries import MAX_SUMMARY_BYTES, parse_summary
 from env_registry.store import (
-    Conflict,
     EnvIdInfo,
+    EvalRecord,
     FileInfo,
-    Forbidden,
     LocalRegistry,
     NotFound,
     PackageInfo,
@@ -42,17 +45,8 @@ from env_registry.store import (
 )
 
 DEFAULT_MAX_UPLOAD_BYTES = 100 << 20
-TOKEN_NEEDED = (
-    "this needs a token: send 'Authorization: Bearer <token>' (mint one with "
-    "`molt-env token mint --root <registry root> --publisher <name>`)"
-)
-
-
-class Unauthorized(Error):
-    """No credentials were sent (HTTP 401)."""
-
-
-STATUS = {Unauthorized: 401, NotFound: 404, Conflict: 409, Forbidden: 403}  # any other registry Error is a 400
+FORM_PATHS = ("/login", "/logout")  # the hub's forms: posted by a browser, without a token
+MAX_FORM_BYTES = 4096
 
 
 class YankRequest(BaseModel):
@@ -64,32 +58,26 @@ class Health(BaseModel):
     private: bool
 
 
-bearer = HTTPBearer(auto_error=False, description="a publish token from `molt-env token mint`")
+def create_app(
+    root: str | Path,
+    private: bool = False,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    db: str | None = None,
+) -> FastAPI:
+    """The registry server's app.
 
+    Args:
+        root: the registry directory (the file store; also the SQLite database unless ``db`` is given).
+        private: reading needs a token (or a hub login) too.
+        max_upload_bytes: the largest request body accepted.
+        db: the database URL (``postgresql://...``); default the SQLite file in ``root``.
 
-def publisher(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
-    """The publisher of the request's token: 401 without a token, 403 with an unknown or revoked one."""
-    token = credentials.credentials if credentials else _basic_password(request.headers.get("authorization"))
-    if not token:
-        raise Unauthorized(TOKEN_NEEDED)
-    found = request.app.state.registry.token_publisher(token)
-    if found is None:
-        raise Forbidden("the token is unknown or revoked; mint a new one with `molt-env token mint`")
-    return found
+    Raises:
+        DatabaseError: ``db`` is not a usable database URL.
+    """
+    from env_registry.hub import hub_router
 
-
-def reader(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-    """Open reading, unless the server is private: then any active token may read."""
-    if request.app.state.private:
-        publisher(request, credentials)
-
-
-Reader = Annotated[None, Depends(reader)]
-Publisher = Annotated[str, Depends(publisher)]
-
-
-def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> FastAPI:
-    registry = LocalRegistry(root, label="this registry")
+    registry = LocalRegistry(root, label="this registry", db=db)
     app = FastAPI(title="molt env registry", version="1")
     app.state.registry = registry
     app.state.private = private
@@ -101,16 +89,16 @@ def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = 
     @app.middleware("http")
     async def limit_upload_size(request: Request, call_next: Any) -> Any:
         if request.method in ("POST", "PUT", "PATCH"):
-            if "authorization" not in request.headers:  # refuse before reading (and spooling) any body
+            form = request.url.path in FORM_PATHS
+            if not form and "authorization" not in request.headers:  # refuse before reading (and spooling) any body
                 return _error(401, TOKEN_NEEDED)
             length = request.headers.get("content-length")
             if length is None or not length.isdigit():
                 return _error(411, "send a Content-Length header (chunked uploads are refused)")
-            if int(length) > max_upload_bytes:
+            limit = MAX_FORM_BYTES if form else max_upload_bytes
+            if int(length) > limit:
                 return _error(
-                    413,
-                    f"the upload is {int(length)} bytes; this registry accepts at most "
-                    f"{max_upload_bytes} bytes per request",
+                    413, f"the upload is {int(length)} bytes; this registry accepts at most {limit} bytes per request"
                 )
         return await call_next(request)
 
@@ -171,6 +159,23 @@ def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = 
     def yank(package: str, version: str, body: YankRequest, who: Publisher) -> ReleaseInfo:
         return registry.yank(package, version, body.reason, publisher=who)
 
+    @app.post(
+        "/api/packages/{package}/{version}/evals",
+        status_code=201,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {}}}}},
+    )
+    async def publish_eval(package: str, version: str, request: Request, who: Publisher) -> EvalRecord:
+        """Store the ``summary.json`` of ``molt-env eval`` for a release (any active token may upload one)."""
+        body = await request.body()
+        if len(body) > MAX_SUMMARY_BYTES:
+            return _error(413, f"the summary is {len(body)} bytes; at most {MAX_SUMMARY_BYTES} are accepted")
+        summary = parse_summary(body, "the uploaded summary")
+        return await run_in_threadpool(registry.publish_eval, package, version, summary, who)
+
+    @app.get("/api/packages/{package}/{version}/evals")
+    def list_evals(package: str, version: str, _: Reader) -> list[EvalRecord]:
+        return registry.evals(package, version)
+
     @app.get("/simple/", response_class=HTMLResponse)
     def simple_root(request: Request, _: Reader) -> HTMLResponse:
         return _project_list(registry.packages(), request.scope.get("root_path", "") + "/simple")
@@ -192,24 +197,18 @@ def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = 
 
     @app.get("/files/{package}/{filename}")
     def download(package: str, filename: str, _: Reader) -> FileResponse:
-        return FileResponse(registry.file_path(package, filename), media_type="application/octet-stream")
+        path = registry.file_path(package, filename)
+        registry.count_download(path.parent.name, path.name)
+        return FileResponse(path, media_type="application/octet-stream")
 
+    app.include_router(hub_router())
+    app.mount("/static", StaticFiles(directory=Path(__file__).with_name("static")), name="static")
     return app
 
 
 def _error(status: int, detail: str) -> JSONResponse:
     headers = {"WWW-Authenticate": 'Basic realm="molt"'} if status == 401 else None
     return JSONResponse({"detail": detail}, status, headers=headers)
-
-
-def _basic_password(header: str | None) -> str | None:
-    scheme, _, value = (header or "").partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        return base64.b64decode(value, validate=True).decode().partition(":")[2] or None
-    except (binascii.Error, UnicodeDecodeError):
-        return None
 
 
 def _project_list(packages: list[PackageInfo], base: str) -> HTMLResponse:
@@ -252,7 +251,9 @@ def serve(
     port: int = 8080,
     private: bool = False,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    db: str | None = None,
 ) -> None:
+    """Run the server under uvicorn until interrupted (arguments as ``create_app``)."""
     import uvicorn
 
-    uvicorn.run(create_app(root, private, max_upload_bytes), host=host, port=port, log_level="warning")
+    uvicorn.run(create_app(root, private, max_upload_bytes, db), host=host, port=port, log_level="warning")
