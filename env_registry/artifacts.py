@@ -143,6 +143,8 @@ def _read_wheel(wheel: Path) -> tuple[dict[str, str], dict[str, str], str | None
             metadata_text = read("METADATA")
             if metadata_text is None:
                 raise InvalidArtifact(f"{wheel.name} has no {dist_info}/METADATA")
+            if "\x00" in metadata_text:  # no database text column takes it (PostgreSQL refuses NUL)
+                raise InvalidArtifact(f"{wheel.name}: METADATA contains a NUL character; remove it from the README")
             entry_points_text = read("entry_points.txt") or ""
             pyproject = read(MANIFEST_METADATA_PATH)
     except (zipfile.BadZipFile, UnicodeDecodeError, OSError, EOFError) as exc:

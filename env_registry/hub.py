@@ -214,8 +214,16 @@ def hub_router() -> APIRouter:
             base=str(request.base_url).rstrip("/"),
         )
 
-    @router.get("/envs/{env_id:path}")
-    def env_card(request: Request, env_id: str, version: str = "") -> HTMLResponse:
+    @router.get("/envs/{namespace}/{name}")
+    def env_card(request: Request, namespace: str, name: str, version: str = "") -> HTMLResponse:
+        return _env_card(request, f"{namespace}/{name}", version)
+
+    @router.get("/envs/{name}")
+    def root_env_card(request: Request, name: str, version: str = "") -> HTMLResponse:
+        """The card of an env ID without a namespace."""
+        return _env_card(request, name, version)
+
+    def _env_card(request: Request, env_id: str, version: str) -> HTMLResponse:
         registry: LocalRegistry = request.app.state.registry
         parsed = parse_env_id(env_id)
         if parsed.pin is not None:

@@ -28,6 +28,7 @@ from env_registry.artifacts import InvalidArtifact, Release, file_sha256, read_r
 from env_registry.credentials import TOKEN_PREFIX, Credentials
 from env_registry.database import env_ids as env_ids_table
 from env_registry.database import evals, files, packages, releases
+from env_registry.errors import Error
 from env_registry.eval_summaries import parse_summary
 from env_registry.ids import parse_env_id
 from env_registry.records import (
@@ -88,11 +89,11 @@ class LocalRegistry(Credentials):
     def __init__(self, root: str | Path, label: str | None = None, db: str | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
         self.label = label
+        self.url = database.database_url(self.root, db)
         self.files = self.root / "files"
         self.staging = self.root / "staging"
         for d in (self.files, self.staging):
             d.mkdir(parents=True, exist_ok=True)
-        self.url = database.database_url(self.root, db)
         self.engine = database.create(self.url)
         database.migrate(self.engine)
 
@@ -244,6 +245,8 @@ class LocalRegistry(Credentials):
             NotFound: no such release.
             Forbidden: ``publisher`` does not own the package.
         """
+        if "\x00" in reason:
+            raise Error(f"the yank reason {reason[:80]!r} contains a NUL character; give plain text")
         info = self.release(package, version)
         with database.write(self.engine) as db:
             owner = db.execute(sa.select(packages.c.owner).where(packages.c.name == info.package)).scalar_one()

@@ -54,13 +54,18 @@ def in_venv(python: Path, code: str) -> subprocess.CompletedProcess:
 
 def hatch_build(root: Path, out: Path) -> Release:
     """Wheel + sdist with hatchling in this process (what ``python -m build`` runs, minus three interpreters)."""
+    return inspect_release(*hatch_files(root, out))
+
+
+def hatch_files(root: Path, out: Path) -> tuple[Path, Path]:
+    """``(wheel, sdist)`` built by hatchling, not inspected (for builds a registry must refuse)."""
     from hatchling.builders.sdist import SdistBuilder
     from hatchling.builders.wheel import WheelBuilder
 
     out.mkdir(parents=True, exist_ok=True)
     wheel = next(WheelBuilder(str(root)).build(directory=str(out), versions=["standard"]))
     sdist = next(SdistBuilder(str(root)).build(directory=str(out), versions=["standard"]))
-    return inspect_release(Path(wheel), Path(sdist))
+    return Path(wheel), Path(sdist)
 
 
 def set_version(root: Path, version: str) -> None:
@@ -85,6 +90,7 @@ class Server:
     token: str
     root: Path
     process: subprocess.Popen
+    db: str | None = None  # the --db URL it serves (None: the SQLite file in root)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -113,7 +119,8 @@ def start_server(root: Path, *extra: str) -> Server:
         match = re.search(r"\(shown once\): (\S+)", log.read_text())
         try:
             if match and httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
-                return Server(url, match[1], root, process)
+                db = extra[extra.index("--db") + 1] if "--db" in extra else None
+                return Server(url, match[1], root, process, db)
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
