@@ -14,7 +14,6 @@ what differs is confined to this module:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,6 +26,8 @@ from env_registry.errors import Error
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 LEGACY_REVISION = "0001"  # the schema every registry.db had before migrations existed
+HEAD_REVISION = "0002"  # the newest migration (a test checks it is alembic's head): opening a registry at head
+# costs one query, and no import of alembic
 WRITE_LOCK_KEY = 0x6D6F6C74  # "molt": the PostgreSQL advisory lock every registry writer takes
 
 metadata = sa.MetaData()
@@ -181,19 +182,18 @@ def write(engine: Engine, exclusive: bool = True) -> Iterator[Connection]:
 
 def migrate(engine: Engine) -> None:
     """Bring the database to the newest schema (a no-op when it is there already)."""
-    head = _head_revision()
     with read(engine) as connection:
-        if _current_revision(connection) == head:
+        if _current_revision(connection) == HEAD_REVISION:
             return
     from alembic import command
 
-    config = _alembic_config()
+    config = alembic_config()
     with write(engine) as connection:  # under the write lock: two replicas starting together migrate once
         config.attributes["connection"] = connection
         current = _current_revision(connection)
         if current is None and sa.inspect(connection).has_table("packages"):
             command.stamp(config, LEGACY_REVISION)
-        if current != head:
+        if current != HEAD_REVISION:
             command.upgrade(config, "head")
 
 
@@ -203,18 +203,10 @@ def _current_revision(connection: Connection) -> str | None:
     return connection.execute(sa.text("SELECT version_num FROM alembic_version")).scalar()
 
 
-def _alembic_config():  # type: ignore[no-untyped-def]
+def alembic_config():  # type: ignore[no-untyped-def]
+    """alembic's configuration of the registry's migrations (no alembic.ini: the scripts sit in the package)."""
     from alembic.config import Config
 
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     return config
-
-
-@functools.cache
-def _head_revision() -> str:
-    from alembic.script import ScriptDirectory
-
-    head = ScriptDirectory.from_config(_alembic_config()).get_current_head()
-    assert head is not None, f"no migrations under {MIGRATIONS}"
-    return head

@@ -253,7 +253,7 @@ def hub_router() -> APIRouter:
             providing=providing,
             shown=shown,
             manifest=manifest,
-            extra={k: v for k, v in manifest.items() if k not in CARD_FIELDS},
+            extra={k: v for k, v in manifest.items() if k not in CARD_FIELDS and v not in (None, {}, [])},
             validation_status=status,
             validation_report=report,
             evals=evals,

@@ -1,4 +1,5 @@
-"""Helpers of the package/registry tests: the CLI as a subprocess, fresh venvs, a live registry server, builds."""
+"""Helpers of the package/registry tests: the CLI as a subprocess, fresh venvs, a live registry server, builds,
+and an eval summary as `molt-env eval` writes one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 import httpx
 
 from env_registry.artifacts import Release, inspect_release
+from env_registry.client import RegistryClient
+from env_registry.store import Conflict
 
 MOLT_ENV = str(Path(sys.executable).with_name("molt-env"))
 
@@ -126,3 +129,32 @@ def start_server(root: Path, *extra: str) -> Server:
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"molt-env serve did not come up at {url}:\n{log.read_text()}")
+
+
+# the summary.json of an eval of hub/demo-v1 1.1.0
+SUMMARY = {
+    "env_id": "hub/demo-v1",
+    "package_version": "1.1.0",
+    "spec_hash": "0123456789abcdef",
+    "split": "test",
+    "num_prompts": 40,
+    "n": 4,
+    "pass@1": 0.375,
+    "pass@4": 0.625,
+    "mean_reward": 0.41,
+    "failures": {"grader_error": 1, "timeout": 2},
+    "model": "runs/rl/hf",
+    "seed": 7,
+    "started": "2026-01-01T10:00:00Z",
+    "finished": "2026-01-01T10:04:00Z",
+    "report": {"per_env": [{"env_id": "hub/demo-v1", "mean_reward": 0.41}]},  # extra keys are kept
+}
+
+
+def publish(server, *releases) -> None:
+    """Publish unless already there (the session's server is shared by tests in any order)."""
+    for release in releases:
+        try:
+            RegistryClient(server.url, server.token).publish(release)
+        except Conflict as exc:
+            assert "with the same content" in str(exc), exc

@@ -12,39 +12,12 @@ from html.parser import HTMLParser
 import httpx
 import psycopg
 import pytest
-from packaging_support import hatch_build, hatch_files
+from packaging_support import SUMMARY, hatch_build, hatch_files, publish
 
 from env_registry.client import RegistryClient
 from env_registry.eval_summaries import InvalidSummary
 from env_registry.scaffold import init
-from env_registry.store import Conflict, Forbidden, NotFound
-
-SUMMARY = {
-    "env_id": "hub/demo-v1",
-    "package_version": "1.1.0",
-    "spec_hash": "0123456789abcdef",
-    "split": "test",
-    "num_prompts": 40,
-    "n": 4,
-    "pass@1": 0.375,
-    "pass@4": 0.625,
-    "mean_reward": 0.41,
-    "failures": {"grader_error": 1, "timeout": 2},
-    "model": "runs/rl/hf",
-    "seed": 7,
-    "started": "2026-01-01T10:00:00Z",
-    "finished": "2026-01-01T10:04:00Z",
-    "report": {"per_env": [{"env_id": "hub/demo-v1", "mean_reward": 0.41}]},  # extra keys are kept
-}
-
-
-def publish(server, *releases) -> None:
-    """Publish unless already there (the session's server is shared by tests in any order)."""
-    for release in releases:
-        try:
-            RegistryClient(server.url, server.token).publish(release)
-        except Conflict as exc:
-            assert "with the same content" in str(exc), exc
+from env_registry.store import Forbidden, NotFound
 
 
 def sql(server, statement: str, *args) -> None:

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -46,6 +47,7 @@ CREATE TABLE IF NOT EXISTS tokens (
 
 
 def legacy_publish(root: Path, release, publisher: str | None) -> None:
+    root.mkdir(parents=True, exist_ok=True)
     db = sqlite3.connect(root / "registry.db", isolation_level=None)
     db.executescript(LEGACY_SCHEMA)
     db.execute("BEGIN IMMEDIATE")
@@ -117,6 +119,14 @@ def test_db_urls_other_than_sqlite_and_postgresql_are_refused(tmp_path, url, mes
     assert out.returncode == 2 and message in out.stderr
 
 
+def test_the_head_revision_is_the_newest_migration():
+    from alembic.script import ScriptDirectory
+
+    from env_registry.database import HEAD_REVISION, alembic_config
+
+    assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION
+
+
 def test_postgresql_urls_get_the_psycopg_driver(tmp_path):
     assert database_url(tmp_path, "postgresql://u:p@h:5/db").drivername == "postgresql+psycopg"
     assert str(database_url(tmp_path, None)) == f"sqlite:///{tmp_path}/registry.db"
@@ -135,18 +145,29 @@ def test_token_commands_take_db_and_postgresql_keeps_only_digests(postgres, tmp_
     assert not (tmp_path / "registry.db").exists()  # the metadata went to PostgreSQL, not next to the files
 
 
-PUBLISHER = textwrap.dedent(
+# 20 publishing processes (forked from one that imported httpx), released together by a barrier
+PUBLISHERS = textwrap.dedent(
     """
-    import json, sys, time
+    import json, multiprocessing, sys
     from pathlib import Path
     import httpx
-    url, token, wheel, sdist, go = sys.argv[1:]
-    print("ready", flush=True)
-    while not Path(go).exists():
-        time.sleep(0.01)
-    files = {"wheel": (Path(wheel).name, open(wheel, "rb")), "sdist": (Path(sdist).name, open(sdist, "rb"))}
-    r = httpx.post(url + "/api/packages", files=files, headers={"Authorization": "Bearer " + token}, timeout=120)
-    print(json.dumps({"status": r.status_code, "body": r.json()}))
+    jobs = json.loads(sys.argv[1])
+    context = multiprocessing.get_context("fork")
+    barrier, results = context.Barrier(len(jobs)), context.Queue()
+
+    def publish(i, url, token, wheel, sdist):
+        files = {"wheel": (Path(wheel).name, open(wheel, "rb")), "sdist": (Path(sdist).name, open(sdist, "rb"))}
+        barrier.wait()
+        r = httpx.post(url + "/api/packages", files=files, headers={"Authorization": "Bearer " + token}, timeout=300)
+        results.put((i, r.status_code, r.json()))
+
+    processes = [context.Process(target=publish, args=(i, *job)) for i, job in enumerate(jobs)]
+    for p in processes:
+        p.start()
+    found = sorted(results.get(timeout=300) for _ in jobs)
+    for p in processes:
+        p.join()
+    print(json.dumps([{"status": status, "body": body} for _, status, body in found]))
     """
 )
 
@@ -156,7 +177,8 @@ def test_twenty_publishing_processes_and_two_replicas_on_one_postgresql(postgres
     both: 8 distinct packages, 6 trees of one package version, 6 packages claiming one env ID."""
     db = postgres.new_database()
     root = tmp_path / "shared-root"
-    replicas = [start_server(root, "--db", db), start_server(root, "--db", db)]  # both migrate at start-up
+    with ThreadPoolExecutor(2) as pool:  # the replicas start (and migrate the new database) at the same time
+        replicas = list(pool.map(lambda _: start_server(root, "--db", db), range(2)))
     try:
         releases = [hatch_build(init(tmp_path / f"d{i}", f"conc/pkg{i}-v1"), tmp_path / f"dd{i}") for i in range(8)]
         for i in range(6):
@@ -166,20 +188,12 @@ def test_twenty_publishing_processes_and_two_replicas_on_one_postgresql(postgres
         for i in range(6):
             src = init(tmp_path / f"claim{i}", "conc/shared-v1", package=f"conc-shared-{'abcdef'[i]}")
             releases.append(hatch_build(src, tmp_path / f"cc{i}"))
-        go = tmp_path / "go"
-        processes = [
-            subprocess.Popen(
-                [sys.executable, "-c", PUBLISHER, replicas[i % 2].url, replicas[0].token]
-                + [str(r.wheel), str(r.sdist), str(go)],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            for i, r in enumerate(releases)
-        ]
-        for p in processes:  # every process is up and waiting on the go file
-            assert p.stdout.readline() == "ready\n"
-        go.touch()
-        results = [json.loads(p.communicate(timeout=180)[0]) for p in processes]
+        jobs = [(replicas[i % 2].url, replicas[0].token, str(r.wheel), str(r.sdist)) for i, r in enumerate(releases)]
+        out = subprocess.run(
+            [sys.executable, "-c", PUBLISHERS, json.dumps(jobs)], capture_output=True, text=True, timeout=400
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        results = json.loads(out.stdout)
         statuses = [r["status"] for r in results]
         assert statuses.count(201) == 10 and statuses.count(409) == 10, results
         conflicts = [r["body"]["detail"] for r in results if r["status"] == 409]
