@@ -145,6 +145,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         private=args.private,
         max_upload_bytes=int(args.max_upload_mb * 2**20),
         db=args.db,
+        workers=args.workers,
     )
     return 0
 
@@ -275,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--port", type=int, default=8080)
     srv.add_argument("--private", action="store_true", help="reading needs a token too")
     srv.add_argument("--max-upload-mb", type=float, default=100.0)
+    srv.add_argument("--workers", type=int, default=1, help="server processes on the port (default 1)")
     srv.add_argument("--mint-token", metavar="PUBLISHER", help="mint a publish token for PUBLISHER and print it")
     srv.set_defaults(fn=cmd_serve)
 

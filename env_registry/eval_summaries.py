@@ -3,19 +3,26 @@
 A registry stores summaries per release (``POST /api/packages/<pkg>/<version>/evals``) and shows them on the env
 card, so a number on the hub can be traced to the env ID, package version, spec hash, split, model and seed that
 produced it. The keys below are required; ``pass@<k>`` keys (at least one, each a fraction, ``k <= n``) and any other
-JSON fields are kept as uploaded.
+JSON fields are kept as uploaded. ``EvalSummaries`` holds the registry's two calls on them (store and list).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import time
+from collections.abc import Callable
 from typing import Any
 
+import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from sqlalchemy.engine import Engine
 
+from env_registry import database, names
+from env_registry.database import evals
 from env_registry.errors import Error
 from env_registry.ids import parse_env_id
+from env_registry.records import Conflict, EvalRecord, ReleaseInfo
 
 MAX_SUMMARY_BYTES = 256 << 10
 PASS_AT_K = re.compile(r"pass@([1-9][0-9]{0,5})")
@@ -104,3 +111,78 @@ def parse_summary(data: bytes | str | dict[str, Any], where: str = "the eval sum
 
 def _refuse_constant(name: str) -> float:
     raise ValueError(f"{name} is not a JSON number; write null or a finite number")
+
+
+class EvalSummaries:
+    """The eval-summary calls of ``LocalRegistry`` (which supplies ``engine`` and ``release``)."""
+
+    engine: Engine
+    release: Callable[[str, str], ReleaseInfo]
+
+    def publish_eval(
+        self, package: str, version: str, summary: dict[str, Any], publisher: str | None = None
+    ) -> EvalRecord:
+        """Store the eval summary (``summary.json`` of ``molt-env eval``) of one release.
+
+        Args:
+            package: the package name.
+            version: the package version the summary evaluated.
+            summary: the parsed ``summary.json``.
+            publisher: the uploading token's publisher; None for local use.
+
+        Returns:
+            The summary as stored.
+
+        Raises:
+            InvalidSummary: the summary misses a required key or has a wrong value.
+            NotFound: no such release.
+            Conflict: the summary names another package version, or an env ID the release does not provide.
+        """
+        summary = parse_summary(summary)
+        info = self.release(package, version)
+        env_id, claimed = summary["env_id"], summary["package_version"]
+        if names.package_version(claimed) != info.version:
+            raise Conflict(
+                f"the summary evaluated {info.package} {claimed}, not {info.version}; upload it to that version"
+            )
+        if env_id not in info.env_ids:
+            raise Conflict(
+                f"{info.package} {info.version} provides {info.env_ids}, not {env_id!r}; upload the summary to "
+                "the release that provides the env it evaluated"
+            )
+        now = time.time()
+        with database.write(self.engine, exclusive=False) as db:
+            result = db.execute(
+                evals.insert().values(
+                    package=info.package,
+                    version=info.version,
+                    env_id=env_id,
+                    publisher=publisher,
+                    uploaded=now,
+                    summary=json.dumps(summary, sort_keys=True),
+                )
+            )
+        return EvalRecord(
+            id=result.inserted_primary_key[0],
+            package=info.package,
+            version=info.version,
+            env_id=env_id,
+            publisher=publisher,
+            uploaded=now,
+            summary=summary,
+        )
+
+    def evals(self, package: str, version: str) -> list[EvalRecord]:
+        """The eval summaries stored for one release, oldest first.
+
+        Raises:
+            NotFound: no such release.
+        """
+        info = self.release(package, version)
+        with database.read(self.engine) as db:
+            rows = db.execute(
+                sa.select(evals)
+                .where(evals.c.package == info.package, evals.c.version == info.version)
+                .order_by(evals.c.id)
+            ).all()
+        return [EvalRecord(**{**r._asdict(), "summary": json.loads(r.summary)}) for r in rows]

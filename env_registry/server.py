@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 import html
+import json
+import os
 import shutil
 import urllib.parse
 import uuid
@@ -37,7 +39,7 @@ from env_registry.eval_summaries import MAX_SUMMARY_BYTES, parse_summary
 from env_registry.store import (
     EnvIdInfo,
     EvalRecord,
-    FileInfo,
+    IndexLink,
     LocalRegistry,
     NotFound,
     PackageInfo,
@@ -45,6 +47,7 @@ from env_registry.store import (
 )
 
 DEFAULT_MAX_UPLOAD_BYTES = 100 << 20
+WORKER_CONFIG = "MOLT_SERVE_CONFIG"
 FORM_PATHS = ("/login", "/logout")  # the hub's forms: posted by a browser, without a token
 MAX_FORM_BYTES = 4096
 
@@ -221,21 +224,18 @@ def _project_page(registry: LocalRegistry, project: str, request: Request, base:
     root = request.scope.get("root_path", "")
     if name != project:  # PEP 503: redirect to the normalized name
         return RedirectResponse(f"{root}{base}/{name}/", status_code=301)
-    links = []
-    for release in registry.package(name).releases:
-        for file in release.files:
-            links.append(_anchor(root, release, file))
-    return HTMLResponse(_page(f"Links for {name}", "".join(links)))
+    links = "".join(_anchor(root, link) for link in registry.index_links(name))
+    return HTMLResponse(_page(f"Links for {name}", links))
 
 
-def _anchor(root: str, release: ReleaseInfo, file: FileInfo) -> str:
+def _anchor(root: str, link: IndexLink) -> str:
     attrs = ""
-    if release.requires_python:
-        attrs += f' data-requires-python="{html.escape(release.requires_python)}"'
-    if release.yanked:
-        attrs += f' data-yanked="{html.escape(release.yanked_reason or "")}"'
-    href = html.escape(f"{root}/{urllib.parse.quote(file.url)}#sha256={file.sha256}")
-    return f'<a href="{href}"{attrs}>{html.escape(file.filename)}</a><br>\n'
+    if link.requires_python:
+        attrs += f' data-requires-python="{html.escape(link.requires_python)}"'
+    if link.yanked:
+        attrs += f' data-yanked="{html.escape(link.yanked_reason or "")}"'
+    href = html.escape(f"{root}/{urllib.parse.quote(link.url)}#sha256={link.sha256}")
+    return f'<a href="{href}"{attrs}>{html.escape(link.filename)}</a><br>\n'
 
 
 def _page(title: str, body: str) -> str:
@@ -252,8 +252,27 @@ def serve(
     private: bool = False,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     db: str | None = None,
+    workers: int = 1,
 ) -> None:
-    """Run the server under uvicorn until interrupted (arguments as ``create_app``)."""
+    """Run the server under uvicorn until interrupted (arguments as ``create_app``; ``workers`` > 1 runs that many
+    server processes on one port, each with its own connections to the one database)."""
     import uvicorn
 
-    uvicorn.run(create_app(root, private, max_upload_bytes, db), host=host, port=port, log_level="warning")
+    if workers <= 1:
+        uvicorn.run(create_app(root, private, max_upload_bytes, db), host=host, port=port, log_level="warning")
+        return
+    config = {"root": str(root), "private": private, "max_upload_bytes": max_upload_bytes, "db": db}
+    os.environ[WORKER_CONFIG] = json.dumps(config)  # read by app_from_environment in each worker process
+    uvicorn.run(
+        "env_registry.server:app_from_environment",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+    )
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one ``molt-env serve --workers N`` process (uvicorn calls this factory in each)."""
+    return create_app(**json.loads(os.environ[WORKER_CONFIG]))

@@ -13,23 +13,24 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from packaging.version import Version
 from sqlalchemy.engine import Connection
 
-from env_registry import database, names
+from env_registry import database, names, queries
 from env_registry.artifacts import InvalidArtifact, Release, file_sha256, read_readme
 from env_registry.credentials import TOKEN_PREFIX, Credentials
 from env_registry.database import env_ids as env_ids_table
-from env_registry.database import evals, files, packages, releases
+from env_registry.database import files, packages, releases
 from env_registry.errors import Error
-from env_registry.eval_summaries import parse_summary
+from env_registry.eval_summaries import EvalSummaries
 from env_registry.ids import parse_env_id
 from env_registry.records import (
     Conflict,
@@ -43,6 +44,18 @@ from env_registry.records import (
     TokenInfo,
 )
 
+
+class IndexLink(NamedTuple):
+    """One file on a package's simple-index page."""
+
+    filename: str
+    sha256: str
+    url: str  # relative to the registry root
+    requires_python: str | None
+    yanked: bool
+    yanked_reason: str | None
+
+
 __all__ = [  # the records are re-exported: callers import them from here
     "TOKEN_PREFIX",
     "Conflict",
@@ -50,14 +63,13 @@ __all__ = [  # the records are re-exported: callers import them from here
     "EvalRecord",
     "FileInfo",
     "Forbidden",
+    "IndexLink",
     "LocalRegistry",
     "NotFound",
     "PackageInfo",
     "ReleaseInfo",
     "TokenInfo",
 ]
-# what a release row is read with everywhere; the README and the validation report are read only where shown
-RELEASE_COLUMNS = [c for c in releases.c if c.name not in ("readme", "readme_type", "validation_report")]
 
 
 def _check_owner(package: str, owner: str | None, publisher: str) -> None:
@@ -74,7 +86,7 @@ def _check_owner(package: str, owner: str | None, publisher: str) -> None:
         )
 
 
-class LocalRegistry(Credentials):
+class LocalRegistry(Credentials, EvalSummaries):
     """The registry under ``root`` (created and migrated on first use).
 
     Args:
@@ -83,7 +95,7 @@ class LocalRegistry(Credentials):
         db: a database URL, ``postgresql://user:pass@host/db`` or ``sqlite:///path``; default ``<root>/registry.db``.
 
     Raises:
-        DatabaseError: ``db`` is not a usable database URL.
+        DatabaseError: ``db`` is not a usable database URL, or the database cannot be reached.
     """
 
     def __init__(self, root: str | Path, label: str | None = None, db: str | None = None) -> None:
@@ -95,7 +107,14 @@ class LocalRegistry(Credentials):
         for d in (self.files, self.staging):
             d.mkdir(parents=True, exist_ok=True)
         self.engine = database.create(self.url)
-        database.migrate(self.engine)
+        try:
+            database.migrate(self.engine)
+        except sa.exc.OperationalError as exc:
+            self.engine.dispose()
+            raise database.DatabaseError(
+                f"cannot open the registry database {self.url.render_as_string(hide_password=True)}: "
+                f"{str(exc.orig).strip()}; check --db (host, port, user, database) and that the server runs"
+            ) from None
 
     def __repr__(self) -> str:
         if self.label:
@@ -270,7 +289,7 @@ class LocalRegistry(Credentials):
         name = names.package_name(package)
         wanted = Version(names.package_version(version))
         with database.read(self.engine) as db:
-            rows = db.execute(sa.select(*RELEASE_COLUMNS).where(releases.c.package == name)).all()
+            rows = db.execute(queries.RELEASE_ROWS[True], {"name": name}).all()
             match = [r for r in rows if Version(r.version) == wanted]
             if not match:
                 raise NotFound(
@@ -286,22 +305,22 @@ class LocalRegistry(Credentials):
             NotFound: no such package.
         """
         name = names.package_name(package)
-        found = self._packages(packages.c.name == name)
+        found = self._packages(name)
         if not found:
             raise NotFound(f"package {name!r} is not in {self}")
         return found[0]
 
     def packages(self) -> list[PackageInfo]:
         """Every package, by name."""
-        return self._packages(sa.true())
+        return self._packages(None)
 
-    def _packages(self, where: Any) -> list[PackageInfo]:
+    def _packages(self, name: str | None) -> list[PackageInfo]:
+        """The package ``name`` (a list of one, or empty), or every package when ``name`` is None."""
+        one, params = name is not None, {"name": name}
         with database.read(self.engine) as db:
-            package_rows = db.execute(sa.select(packages).where(where).order_by(packages.c.name)).all()
-            release_rows = db.execute(
-                sa.select(*RELEASE_COLUMNS).join(packages, packages.c.name == releases.c.package).where(where)
-            ).all()
-            all_releases = self._releases(db, release_rows, package_rows[0].name if len(package_rows) == 1 else None)
+            package_rows = sorted(db.execute(queries.PACKAGE_ROWS[one], params).all(), key=lambda r: r.name)
+            release_rows = db.execute(queries.RELEASE_ROWS[one], params).all()
+            all_releases = self._releases(db, release_rows, name)
         by_package: dict[str, list[ReleaseInfo]] = {}
         for release in sorted(all_releases, key=lambda r: Version(r.version)):
             by_package.setdefault(release.package, []).append(release)
@@ -319,6 +338,25 @@ class LocalRegistry(Credentials):
                 )
             )
         return found
+
+    def index_links(self, package: str) -> list[IndexLink]:
+        """The files of a package as its PEP 503 page lists them (oldest version first, wheel before sdist), read in
+        one query: the index is what pip asks for most.
+
+        Raises:
+            InvalidName: the name is malformed.
+            NotFound: no such package.
+        """
+        name = names.package_name(package)
+        with database.read(self.engine) as db:
+            rows = db.execute(queries.INDEX_LINKS, {"name": name}).all()
+        if not rows:
+            raise NotFound(f"package {name!r} is not in {self}")
+        rows.sort(key=lambda r: (Version(r.version), r.kind != "wheel"))
+        return [
+            IndexLink(r.filename, r.sha256, f"files/{name}/{r.filename}", r.requires_python, r.yanked, r.yanked_reason)
+            for r in rows
+        ]
 
     def env_ids(self) -> list[EnvIdInfo]:
         """The env ID -> package index: every published env ID, its package and versions."""
@@ -360,13 +398,9 @@ class LocalRegistry(Credentials):
             NotFound: nothing provides it, the pin does not exist, or every version providing it is yanked.
         """
         parsed = parse_env_id(env_id)
-        e = env_ids_table.c
         with database.read(self.engine) as db:
-            rows = db.execute(
-                sa.select(e.env_id, e.package, e.version).where(
-                    sa.or_(e.env_id == parsed.unpinned, e.env_id.startswith(f"{parsed.base}-v", autoescape=True))
-                )
-            ).all()
+            pattern = re.sub(r"([!%_])", r"!\1", parsed.base) + "-v%"
+            rows = db.execute(queries.ID_FAMILY, {"env_id": parsed.unpinned, "pattern": pattern}).all()
             rows = [r for r in rows if parse_env_id(r.env_id).base == parsed.base]
             if parsed.version is None and rows:  # unversioned: the highest -vN published
                 top = max(parse_env_id(r.env_id).version or 0 for r in rows)
@@ -375,13 +409,15 @@ class LocalRegistry(Credentials):
                 rows = [r for r in rows if r.env_id == parsed.unpinned]
             if not rows:
                 raise NotFound(f"no package in {self} provides env ID {parsed.unpinned!r}; see `molt-env search`")
-            release_rows = db.execute(
-                sa.select(*RELEASE_COLUMNS).where(
-                    sa.tuple_(releases.c.package, releases.c.version).in_([(r.package, r.version) for r in rows])
-                )
-            ).all()
-            providers = {r.package for r in rows}
-            candidates = self._releases(db, release_rows, providers.pop() if len(providers) == 1 else None)
+            wanted = {(r.package, r.version) for r in rows}
+            providers = sorted({r.package for r in rows})
+            release_rows = [
+                r
+                for package in providers
+                for r in db.execute(queries.RELEASE_ROWS[True], {"name": package})
+                if (r.package, r.version) in wanted
+            ]
+            candidates = self._releases(db, release_rows, providers[0] if len(providers) == 1 else None)
         if parsed.pin is not None:
             pinned = [r for r in candidates if Version(r.version) == Version(names.package_version(parsed.pin))]
             if not pinned:
@@ -405,7 +441,12 @@ class LocalRegistry(Credentials):
             InvalidName: the name or version is malformed.
             NotFound: no such release.
         """
-        info = self.release(package, version)
+        name, exact = names.package_name(package), names.package_version(version)
+        with database.read(self.engine) as db:  # the stored, normalized version: one query
+            row = db.execute(queries.README, {"name": name, "version": exact}).first()
+        if row is not None and row.readme is not None:
+            return row.readme, row.readme_type
+        info = self.release(package, version)  # another spelling of the version, or a README not read yet
         key = (releases.c.package == info.package, releases.c.version == info.version)
         with database.read(self.engine) as db:
             row = db.execute(sa.select(releases.c.readme, releases.c.readme_type).where(*key)).one()
@@ -471,12 +512,9 @@ class LocalRegistry(Credentials):
         wanted = {(r.package, r.version) for r in rows}
         if not wanted:
             return []
-        file_query, id_query = sa.select(files), sa.select(env_ids_table)
-        if package is not None:
-            file_query = file_query.where(files.c.package == package)
-            id_query = id_query.where(env_ids_table.c.package == package)
+        one, params = package is not None, {"name": package}
         by_release: dict[tuple[str, str], list[FileInfo]] = {}
-        for f in db.execute(file_query.order_by(files.c.kind.desc())):
+        for f in db.execute(queries.FILE_ROWS[one], params):
             if (f.package, f.version) in wanted:
                 by_release.setdefault((f.package, f.version), []).append(
                     FileInfo(
@@ -488,7 +526,7 @@ class LocalRegistry(Credentials):
                     )
                 )
         ids: dict[tuple[str, str], list[str]] = {}
-        for e in db.execute(id_query.order_by(env_ids_table.c.env_id)):
+        for e in db.execute(queries.ID_ROWS[one], params):
             ids.setdefault((e.package, e.version), []).append(e.env_id)
         return [
             ReleaseInfo(
@@ -509,75 +547,6 @@ class LocalRegistry(Credentials):
             )
             for r in rows
         ]
-
-    # -- eval summaries --
-    def publish_eval(
-        self, package: str, version: str, summary: dict[str, Any], publisher: str | None = None
-    ) -> EvalRecord:
-        """Store the eval summary (``summary.json`` of ``molt-env eval``) of one release.
-
-        Args:
-            package: the package name.
-            version: the package version the summary evaluated.
-            summary: the parsed ``summary.json``.
-            publisher: the uploading token's publisher; None for local use.
-
-        Returns:
-            The summary as stored.
-
-        Raises:
-            InvalidSummary: the summary misses a required key or has a wrong value.
-            NotFound: no such release.
-            Conflict: the summary names another package version, or an env ID the release does not provide.
-        """
-        summary = parse_summary(summary)
-        info = self.release(package, version)
-        env_id, claimed = summary["env_id"], summary["package_version"]
-        if names.package_version(claimed) != info.version:
-            raise Conflict(
-                f"the summary evaluated {info.package} {claimed}, not {info.version}; upload it to that version"
-            )
-        if env_id not in info.env_ids:
-            raise Conflict(
-                f"{info.package} {info.version} provides {info.env_ids}, not {env_id!r}; upload the summary to "
-                "the release that provides the env it evaluated"
-            )
-        now = time.time()
-        with database.write(self.engine, exclusive=False) as db:
-            result = db.execute(
-                evals.insert().values(
-                    package=info.package,
-                    version=info.version,
-                    env_id=env_id,
-                    publisher=publisher,
-                    uploaded=now,
-                    summary=json.dumps(summary, sort_keys=True),
-                )
-            )
-        return EvalRecord(
-            id=result.inserted_primary_key[0],
-            package=info.package,
-            version=info.version,
-            env_id=env_id,
-            publisher=publisher,
-            uploaded=now,
-            summary=summary,
-        )
-
-    def evals(self, package: str, version: str) -> list[EvalRecord]:
-        """The eval summaries stored for one release, oldest first.
-
-        Raises:
-            NotFound: no such release.
-        """
-        info = self.release(package, version)
-        with database.read(self.engine) as db:
-            rows = db.execute(
-                sa.select(evals)
-                .where(evals.c.package == info.package, evals.c.version == info.version)
-                .order_by(evals.c.id)
-            ).all()
-        return [EvalRecord(**{**r._asdict(), "summary": json.loads(r.summary)}) for r in rows]
 
 
 def _newest_version(versions: list[str]) -> str | None:

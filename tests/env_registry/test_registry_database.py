@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import shutil
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -125,6 +126,15 @@ def test_the_head_revision_is_the_newest_migration():
     from env_registry.database import HEAD_REVISION, alembic_config
 
     assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION
+
+
+def test_an_unreachable_database_is_a_clear_error(tmp_path):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = run_cli("token", "list", "--root", str(tmp_path), "--db", f"postgresql://molt:hunter2@127.0.0.1:{port}/x")
+    assert out.returncode == 2 and "cannot open the registry database" in out.stderr, out.stderr
+    assert "hunter2" not in out.stderr and "Traceback" not in out.stderr
 
 
 def test_postgresql_urls_get_the_psycopg_driver(tmp_path):
