@@ -44,6 +44,8 @@ class Release:
     manifests: tuple[EnvManifest, ...]
     requires_python: str | None
     summary: str
+    readme: str = ""  # the wheel's long description (METADATA body), shown on the hub's package page
+    readme_type: str | None = None  # its Description-Content-Type, e.g. text/markdown
 
     @property
     def env_ids(self) -> list[str]:
@@ -89,7 +91,19 @@ def inspect_release(wheel: Path, sdist: Path) -> Release:
         manifests=tuple(manifests),
         requires_python=metadata.get("Requires-Python") or None,
         summary=metadata.get("Summary", ""),
+        readme=metadata.get("Description", ""),
+        readme_type=metadata.get("Description-Content-Type") or None,
     )
+
+
+def read_readme(wheel: Path) -> tuple[str, str | None]:
+    """``(long description, its content type or None)`` from a wheel's METADATA.
+
+    Raises:
+        InvalidArtifact: the wheel is unreadable.
+    """
+    metadata = _read_wheel(wheel)[0]
+    return metadata.get("Description", ""), metadata.get("Description-Content-Type") or None
 
 
 def content_hash(sdist: Path) -> str:
@@ -129,12 +143,18 @@ def _read_wheel(wheel: Path) -> tuple[dict[str, str], dict[str, str], str | None
             metadata_text = read("METADATA")
             if metadata_text is None:
                 raise InvalidArtifact(f"{wheel.name} has no {dist_info}/METADATA")
+            if "\x00" in metadata_text:  # no database text column takes it (PostgreSQL refuses NUL)
+                raise InvalidArtifact(f"{wheel.name}: METADATA contains a NUL character; remove it from the README")
             entry_points_text = read("entry_points.txt") or ""
             pyproject = read(MANIFEST_METADATA_PATH)
     except (zipfile.BadZipFile, UnicodeDecodeError, OSError, EOFError) as exc:
         raise InvalidArtifact(f"{wheel.name} is not a readable wheel: {exc}") from None
     headers = HeaderParser().parsestr(metadata_text)
-    metadata = {key: str(headers[key]) for key in ("Name", "Version", "Requires-Python", "Summary") if key in headers}
+    fields = ("Name", "Version", "Requires-Python", "Summary", "Description", "Description-Content-Type")
+    metadata = {key: str(headers[key]) for key in fields if key in headers}
+    body = headers.get_payload()
+    if isinstance(body, str) and body.strip():  # metadata 2.1+: the description is the message body
+        metadata["Description"] = body
     for line in headers.get_all("Requires-Dist") or []:
         try:
             url = Requirement(str(line)).url

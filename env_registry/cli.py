@@ -18,6 +18,7 @@ from env_registry.ids import parse_env_id
 from env_registry.registry import registry
 
 SERVER_EXTRA = {"fastapi", "uvicorn", "httpx", "multipart", "python_multipart", "build", "hatchling"}
+SERVER_EXTRA |= {"sqlalchemy", "alembic", "psycopg", "jinja2", "markdown_it", "nh3"}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -127,22 +128,32 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from env_registry.server import serve
     from env_registry.store import LocalRegistry
 
+    store = LocalRegistry(args.root, db=args.db)  # migrates the database before the server starts
     if args.mint_token:
-        token_id, token = LocalRegistry(args.root).mint_token(args.mint_token)
+        token_id, token = store.mint_token(args.mint_token)
         print(f"minted token {token_id} for publisher {args.mint_token!r} (shown once): {token}", flush=True)
+    store.close()
     print(
-        f"serving {Path(args.root).expanduser().resolve()} at http://{args.host}:{args.port}/ "
-        f"(simple index: /simple/, JSON API: /api/, docs: /docs){' [private]' if args.private else ''}",
+        f"serving {store.root} ({store.url.render_as_string(hide_password=True)}) at http://{args.host}:{args.port}/ "
+        f"(hub: /, simple index: /simple/, JSON API: /api/, docs: /docs){' [private]' if args.private else ''}",
         flush=True,
     )
-    serve(args.root, args.host, args.port, private=args.private, max_upload_bytes=int(args.max_upload_mb * 2**20))
+    serve(
+        args.root,
+        args.host,
+        args.port,
+        private=args.private,
+        max_upload_bytes=int(args.max_upload_mb * 2**20),
+        db=args.db,
+        workers=args.workers,
+    )
     return 0
 
 
 def cmd_token(args: argparse.Namespace) -> int:
     from env_registry.store import LocalRegistry
 
-    store = LocalRegistry(args.root)
+    store = LocalRegistry(args.root, db=args.db)
     if args.action == "mint":
         token_id, token = store.mint_token(args.publisher)
         print(f"token {token_id} for publisher {args.publisher!r} (store it now; only its hash is kept):\n{token}")
@@ -268,6 +279,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bld.set_defaults(fn=cmd_build)
 
+    def db_arg(p: argparse.ArgumentParser) -> None:
+        p.add_argument(
+            "--db",
+            default=os.environ.get("MOLT_REGISTRY_DB"),
+            help="the registry database: postgresql://user:pass@host/db for a team deployment "
+            "(default: $MOLT_REGISTRY_DB, else the SQLite file <root>/registry.db)",
+        )
+
     def registry_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--registry", help="a directory or http(s) URL (default: $MOLT_REGISTRY or ~/.molt/registry)")
         p.add_argument("--token", default=os.environ.get("MOLT_TOKEN"), help="registry token (default: $MOLT_TOKEN)")
@@ -282,10 +301,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="run the registry server over a registry directory")
     srv.add_argument("--root", default=os.environ.get("MOLT_REGISTRY", "~/.molt/registry"))
+    db_arg(srv)
     srv.add_argument("--host", default="127.0.0.1")
     srv.add_argument("--port", type=int, default=8080)
     srv.add_argument("--private", action="store_true", help="reading needs a token too")
     srv.add_argument("--max-upload-mb", type=float, default=100.0)
+    srv.add_argument("--workers", type=int, default=1, help="server processes on the port (default 1)")
     srv.add_argument("--mint-token", metavar="PUBLISHER", help="mint a publish token for PUBLISHER and print it")
     srv.set_defaults(fn=cmd_serve)
 
@@ -293,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     tok.add_argument("action", choices=["mint", "list", "revoke"])
     tok.add_argument("id", nargs="?", type=int, help="token id (revoke)")
     tok.add_argument("--root", default=os.environ.get("MOLT_REGISTRY", "~/.molt/registry"))
+    db_arg(tok)
     tok.add_argument("--publisher", default="default", help="who the token publishes as (mint)")
     tok.set_defaults(fn=cmd_token)
 

@@ -14,7 +14,17 @@ import httpx
 
 from env_registry.artifacts import Release
 from env_registry.errors import Error
-from env_registry.store import Conflict, FileInfo, Forbidden, LocalRegistry, NotFound, PackageInfo, ReleaseInfo
+from env_registry.eval_summaries import parse_summary
+from env_registry.store import (
+    Conflict,
+    EvalRecord,
+    FileInfo,
+    Forbidden,
+    LocalRegistry,
+    NotFound,
+    PackageInfo,
+    ReleaseInfo,
+)
 
 DEFAULT_REGISTRY = "~/.molt/registry"
 TIMEOUT = httpx.Timeout(60.0, connect=10.0)
@@ -64,6 +74,32 @@ class RegistryClient:
 
     def package(self, package: str) -> PackageInfo:
         return PackageInfo.model_validate(self._call("GET", f"/api/packages/{package}"))
+
+    def publish_eval(self, package: str, version: str, summary: dict[str, Any]) -> EvalRecord:
+        """Upload an eval summary (``summary.json`` of ``molt-env eval``) for one release; needs a token.
+
+        Args:
+            package: the package name.
+            version: the package version the summary evaluated.
+            summary: the parsed ``summary.json`` (checked here first, then again by the server).
+
+        Returns:
+            The summary as the registry stored it.
+
+        Raises:
+            InvalidSummary: the summary misses a required key or has a wrong value.
+            Forbidden: no token, or the token is unknown or revoked.
+            NotFound: the registry has no such release.
+            Conflict: the summary names another version, or an env ID the release does not provide.
+        """
+        if not self.token:
+            raise Forbidden(f"uploading eval results to {self.url} needs a token: pass --token or set $MOLT_TOKEN")
+        body = parse_summary(summary)
+        return EvalRecord.model_validate(self._call("POST", f"/api/packages/{package}/{version}/evals", json=body))
+
+    def evals(self, package: str, version: str) -> list[EvalRecord]:
+        """The eval summaries stored for one release, oldest first."""
+        return [EvalRecord.model_validate(e) for e in self._call("GET", f"/api/packages/{package}/{version}/evals")]
 
     def search(self, query: str) -> list[PackageInfo]:
         return [PackageInfo.model_validate(p) for p in self._call("GET", "/api/search", params={"q": query})]

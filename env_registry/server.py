@@ -1,40 +1,45 @@
 """``molt-env serve``: the registry server, a ``LocalRegistry`` behind FastAPI.
 
+- The hub: server-rendered pages for people (``env_registry.hub``): search, a page per package, an env card per
+  env ID. ``--private`` pages need a login (a token, exchanged for an HttpOnly session cookie).
 - JSON API under ``/api/``: packages, versions, env IDs, manifests, hashes, yanked state; publishing and yanking
   need a token (``Authorization: Bearer <token>``, or HTTP Basic with the token as password, which is what pip
-  sends for ``http://__token__:<token>@host/...``). Reading is open unless the server runs ``--private``.
+  sends for ``http://__token__:<token>@host/...``). Reading is open unless the server runs ``--private``; then a
+  token or the hub's session cookie is needed. Eval summaries are uploaded per release, with a token.
 - ``/simple/``: a PEP 503 index of every package, with ``#sha256=`` fragments and PEP 592 ``data-yanked``;
   use it only as ``pip install --index-url`` (never ``--extra-index-url``, see the README).
 - ``/p/<package>/simple/``: the same index scoped to one package. Any other project name is a 404 there, so when
   it is added next to PyPI, dependencies of the package can only come from PyPI: nothing in this registry can
   shadow them.
-- ``/files/<package>/<file>``: the release files.
+- ``/files/<package>/<file>``: the release files; each wheel download counts as an install of its version.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import html
+import json
+import os
 import shutil
 import urllib.parse
 import uuid
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import Depends, FastAPI, File, Form, Query, Request, UploadFile
+from fastapi import FastAPI, File, Form, Query, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
 
 from env_registry import names
+from env_registry.access import STATUS, TOKEN_NEEDED, Publisher, Reader
 from env_registry.artifacts import InvalidArtifact, inspect_release
 from env_registry.errors import Error
+from env_registry.eval_summaries import MAX_SUMMARY_BYTES, parse_summary
 from env_registry.store import (
-    Conflict,
     EnvIdInfo,
-    FileInfo,
-    Forbidden,
+    EvalRecord,
+    IndexLink,
     LocalRegistry,
     NotFound,
     PackageInfo,
@@ -42,17 +47,9 @@ from env_registry.store import (
 )
 
 DEFAULT_MAX_UPLOAD_BYTES = 100 << 20
-TOKEN_NEEDED = (
-    "this needs a token: send 'Authorization: Bearer <token>' (mint one with "
-    "`molt-env token mint --root <registry root> --publisher <name>`)"
-)
-
-
-class Unauthorized(Error):
-    """No credentials were sent (HTTP 401)."""
-
-
-STATUS = {Unauthorized: 401, NotFound: 404, Conflict: 409, Forbidden: 403}  # any other registry Error is a 400
+WORKER_CONFIG = "MOLT_SERVE_CONFIG"
+FORM_PATHS = ("/login", "/logout")  # the hub's forms: posted by a browser, without a token
+MAX_FORM_BYTES = 4096
 
 
 class YankRequest(BaseModel):
@@ -64,32 +61,26 @@ class Health(BaseModel):
     private: bool
 
 
-bearer = HTTPBearer(auto_error=False, description="a publish token from `molt-env token mint`")
+def create_app(
+    root: str | Path,
+    private: bool = False,
+    max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    db: str | None = None,
+) -> FastAPI:
+    """The registry server's app.
 
+    Args:
+        root: the registry directory (the file store; also the SQLite database unless ``db`` is given).
+        private: reading needs a token (or a hub login) too.
+        max_upload_bytes: the largest request body accepted.
+        db: the database URL (``postgresql://...``); default the SQLite file in ``root``.
 
-def publisher(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> str:
-    """The publisher of the request's token: 401 without a token, 403 with an unknown or revoked one."""
-    token = credentials.credentials if credentials else _basic_password(request.headers.get("authorization"))
-    if not token:
-        raise Unauthorized(TOKEN_NEEDED)
-    found = request.app.state.registry.token_publisher(token)
-    if found is None:
-        raise Forbidden("the token is unknown or revoked; mint a new one with `molt-env token mint`")
-    return found
+    Raises:
+        DatabaseError: ``db`` is not a usable database URL.
+    """
+    from env_registry.hub import hub_router
 
-
-def reader(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)]) -> None:
-    """Open reading, unless the server is private: then any active token may read."""
-    if request.app.state.private:
-        publisher(request, credentials)
-
-
-Reader = Annotated[None, Depends(reader)]
-Publisher = Annotated[str, Depends(publisher)]
-
-
-def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES) -> FastAPI:
-    registry = LocalRegistry(root, label="this registry")
+    registry = LocalRegistry(root, label="this registry", db=db)
     app = FastAPI(title="molt env registry", version="1")
     app.state.registry = registry
     app.state.private = private
@@ -101,16 +92,16 @@ def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = 
     @app.middleware("http")
     async def limit_upload_size(request: Request, call_next: Any) -> Any:
         if request.method in ("POST", "PUT", "PATCH"):
-            if "authorization" not in request.headers:  # refuse before reading (and spooling) any body
+            form = request.url.path in FORM_PATHS
+            if not form and "authorization" not in request.headers:  # refuse before reading (and spooling) any body
                 return _error(401, TOKEN_NEEDED)
             length = request.headers.get("content-length")
             if length is None or not length.isdigit():
                 return _error(411, "send a Content-Length header (chunked uploads are refused)")
-            if int(length) > max_upload_bytes:
+            limit = MAX_FORM_BYTES if form else max_upload_bytes
+            if int(length) > limit:
                 return _error(
-                    413,
-                    f"the upload is {int(length)} bytes; this registry accepts at most "
-                    f"{max_upload_bytes} bytes per request",
+                    413, f"the upload is {int(length)} bytes; this registry accepts at most {limit} bytes per request"
                 )
         return await call_next(request)
 
@@ -171,6 +162,23 @@ def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = 
     def yank(package: str, version: str, body: YankRequest, who: Publisher) -> ReleaseInfo:
         return registry.yank(package, version, body.reason, publisher=who)
 
+    @app.post(
+        "/api/packages/{package}/{version}/evals",
+        status_code=201,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {}}}}},
+    )
+    async def publish_eval(package: str, version: str, request: Request, who: Publisher) -> EvalRecord:
+        """Store the ``summary.json`` of ``molt-env eval`` for a release (any active token may upload one)."""
+        body = await request.body()
+        if len(body) > MAX_SUMMARY_BYTES:
+            return _error(413, f"the summary is {len(body)} bytes; at most {MAX_SUMMARY_BYTES} are accepted")
+        summary = parse_summary(body, "the uploaded summary")
+        return await run_in_threadpool(registry.publish_eval, package, version, summary, who)
+
+    @app.get("/api/packages/{package}/{version}/evals")
+    def list_evals(package: str, version: str, _: Reader) -> list[EvalRecord]:
+        return registry.evals(package, version)
+
     @app.get("/simple/", response_class=HTMLResponse)
     def simple_root(request: Request, _: Reader) -> HTMLResponse:
         return _project_list(registry.packages(), request.scope.get("root_path", "") + "/simple")
@@ -192,24 +200,18 @@ def create_app(root: str | Path, private: bool = False, max_upload_bytes: int = 
 
     @app.get("/files/{package}/{filename}")
     def download(package: str, filename: str, _: Reader) -> FileResponse:
-        return FileResponse(registry.file_path(package, filename), media_type="application/octet-stream")
+        path = registry.file_path(package, filename)
+        registry.count_download(path.parent.name, path.name)
+        return FileResponse(path, media_type="application/octet-stream")
 
+    app.include_router(hub_router())
+    app.mount("/static", StaticFiles(directory=Path(__file__).with_name("static")), name="static")
     return app
 
 
 def _error(status: int, detail: str) -> JSONResponse:
     headers = {"WWW-Authenticate": 'Basic realm="molt"'} if status == 401 else None
     return JSONResponse({"detail": detail}, status, headers=headers)
-
-
-def _basic_password(header: str | None) -> str | None:
-    scheme, _, value = (header or "").partition(" ")
-    if scheme.lower() != "basic":
-        return None
-    try:
-        return base64.b64decode(value, validate=True).decode().partition(":")[2] or None
-    except (binascii.Error, UnicodeDecodeError):
-        return None
 
 
 def _project_list(packages: list[PackageInfo], base: str) -> HTMLResponse:
@@ -222,21 +224,18 @@ def _project_page(registry: LocalRegistry, project: str, request: Request, base:
     root = request.scope.get("root_path", "")
     if name != project:  # PEP 503: redirect to the normalized name
         return RedirectResponse(f"{root}{base}/{name}/", status_code=301)
-    links = []
-    for release in registry.package(name).releases:
-        for file in release.files:
-            links.append(_anchor(root, release, file))
-    return HTMLResponse(_page(f"Links for {name}", "".join(links)))
+    links = "".join(_anchor(root, link) for link in registry.index_links(name))
+    return HTMLResponse(_page(f"Links for {name}", links))
 
 
-def _anchor(root: str, release: ReleaseInfo, file: FileInfo) -> str:
+def _anchor(root: str, link: IndexLink) -> str:
     attrs = ""
-    if release.requires_python:
-        attrs += f' data-requires-python="{html.escape(release.requires_python)}"'
-    if release.yanked:
-        attrs += f' data-yanked="{html.escape(release.yanked_reason or "")}"'
-    href = html.escape(f"{root}/{urllib.parse.quote(file.url)}#sha256={file.sha256}")
-    return f'<a href="{href}"{attrs}>{html.escape(file.filename)}</a><br>\n'
+    if link.requires_python:
+        attrs += f' data-requires-python="{html.escape(link.requires_python)}"'
+    if link.yanked:
+        attrs += f' data-yanked="{html.escape(link.yanked_reason or "")}"'
+    href = html.escape(f"{root}/{urllib.parse.quote(link.url)}#sha256={link.sha256}")
+    return f'<a href="{href}"{attrs}>{html.escape(link.filename)}</a><br>\n'
 
 
 def _page(title: str, body: str) -> str:
@@ -252,7 +251,28 @@ def serve(
     port: int = 8080,
     private: bool = False,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
+    db: str | None = None,
+    workers: int = 1,
 ) -> None:
+    """Run the server under uvicorn until interrupted (arguments as ``create_app``; ``workers`` > 1 runs that many
+    server processes on one port, each with its own connections to the one database)."""
     import uvicorn
 
-    uvicorn.run(create_app(root, private, max_upload_bytes), host=host, port=port, log_level="warning")
+    if workers <= 1:
+        uvicorn.run(create_app(root, private, max_upload_bytes, db), host=host, port=port, log_level="warning")
+        return
+    config = {"root": str(root), "private": private, "max_upload_bytes": max_upload_bytes, "db": db}
+    os.environ[WORKER_CONFIG] = json.dumps(config)  # read by app_from_environment in each worker process
+    uvicorn.run(
+        "env_registry.server:app_from_environment",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+    )
+
+
+def app_from_environment() -> FastAPI:
+    """The app of one ``molt-env serve --workers N`` process (uvicorn calls this factory in each)."""
+    return create_app(**json.loads(os.environ[WORKER_CONFIG]))

@@ -1,115 +1,75 @@
-"""A registry on disk: release files under ``files/<package>/`` and their metadata in one SQLite database.
+"""A registry: release files under ``<root>/files/<package>/`` and their metadata in one database.
 
 This is the local directory registry (``--registry DIR``) and also the storage of the registry server, so both
 follow the same rules: versions are immutable, identical content under a new version is refused unless asked for,
-an env ID belongs to one package, yanked versions resolve only by exact pin. A publish checks those rules and moves
-its files into place inside one ``BEGIN IMMEDIATE`` transaction, so concurrent publishers (threads or processes)
-serialize: one wins, the others get a ``Conflict`` naming what they collided with.
+an env ID belongs to one package, yanked versions resolve only by exact pin. The database is the SQLite file
+``<root>/registry.db`` unless ``db`` names a PostgreSQL database (``env_registry.database``). A publish checks those
+rules and moves its files into place inside one transaction holding the registry's write lock, so concurrent
+publishers (threads, processes, server replicas) serialize: one wins, the others get a ``Conflict`` naming what
+they collided with.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import secrets
+import re
 import shutil
-import sqlite3
 import time
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+import sqlalchemy as sa
 from packaging.version import Version
-from pydantic import BaseModel
+from sqlalchemy.engine import Connection
 
-from env_registry import names
-from env_registry.artifacts import Release, file_sha256
+from env_registry import database, names, queries
+from env_registry.artifacts import InvalidArtifact, Release, file_sha256, read_readme
+from env_registry.credentials import TOKEN_PREFIX, Credentials
+from env_registry.database import env_ids as env_ids_table
+from env_registry.database import files, packages, releases
 from env_registry.errors import Error
+from env_registry.eval_summaries import EvalSummaries
 from env_registry.ids import parse_env_id
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS packages (name TEXT PRIMARY KEY, owner TEXT, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS releases (
-    package TEXT NOT NULL REFERENCES packages(name), version TEXT NOT NULL, content_hash TEXT NOT NULL,
-    summary TEXT NOT NULL, requires_python TEXT, manifests TEXT NOT NULL, publisher TEXT, uploaded REAL NOT NULL,
-    yanked INTEGER NOT NULL DEFAULT 0, yanked_reason TEXT, PRIMARY KEY (package, version));
-CREATE INDEX IF NOT EXISTS releases_by_hash ON releases (package, content_hash);
-CREATE TABLE IF NOT EXISTS files (
-    filename TEXT PRIMARY KEY, package TEXT NOT NULL, version TEXT NOT NULL, kind TEXT NOT NULL,
-    sha256 TEXT NOT NULL, size INTEGER NOT NULL, FOREIGN KEY (package, version) REFERENCES releases);
-CREATE INDEX IF NOT EXISTS files_by_release ON files (package, version);
-CREATE TABLE IF NOT EXISTS env_ids (
-    env_id TEXT NOT NULL, package TEXT NOT NULL, version TEXT NOT NULL, PRIMARY KEY (env_id, package, version));
-CREATE INDEX IF NOT EXISTS env_ids_by_package ON env_ids (package, version);
-CREATE TABLE IF NOT EXISTS tokens (
-    id INTEGER PRIMARY KEY, publisher TEXT NOT NULL, digest TEXT NOT NULL UNIQUE, created REAL NOT NULL,
-    revoked REAL);
-"""
-TOKEN_PREFIX = "molt_"
+from env_registry.records import (
+    Conflict,
+    EnvIdInfo,
+    EvalRecord,
+    FileInfo,
+    Forbidden,
+    NotFound,
+    PackageInfo,
+    ReleaseInfo,
+    TokenInfo,
+)
 
 
-class Conflict(Error):
-    """The publish or yank collides with what the registry already holds (HTTP 409)."""
+class IndexLink(NamedTuple):
+    """One file on a package's simple-index page."""
 
-
-class NotFound(Error, LookupError):
-    """No such package, version, env ID or file (HTTP 404)."""
-
-
-class Forbidden(Error, PermissionError):
-    """The token's publisher does not own the package (HTTP 403)."""
-
-
-class FileInfo(BaseModel):
     filename: str
-    kind: str  # "wheel" | "sdist"
     sha256: str
-    size: int
-    url: str  # relative to the registry root: files/<package>/<filename>
-
-
-class ReleaseInfo(BaseModel):
-    package: str
-    version: str
-    content_hash: str
-    summary: str
+    url: str  # relative to the registry root
     requires_python: str | None
-    env_ids: list[str]
-    manifests: list[dict[str, Any]]
-    publisher: str | None
-    uploaded: float
     yanked: bool
     yanked_reason: str | None
-    files: list[FileInfo]
-
-    @property
-    def wheel(self) -> FileInfo:
-        return next(f for f in self.files if f.kind == "wheel")
 
 
-class PackageInfo(BaseModel):
-    name: str
-    owner: str | None
-    latest: str | None  # newest non-yanked version
-    env_ids: list[str]
-    releases: list[ReleaseInfo]
-
-
-class EnvIdInfo(BaseModel):
-    env_id: str
-    package: str
-    versions: list[str]  # every published package version providing it, oldest first
-    latest: str | None  # what an unpinned install gets (newest non-yanked)
-
-
-class TokenInfo(BaseModel):
-    id: int
-    publisher: str
-    created: float
-    revoked: float | None
+__all__ = [  # the records are re-exported: callers import them from here
+    "TOKEN_PREFIX",
+    "Conflict",
+    "EnvIdInfo",
+    "EvalRecord",
+    "FileInfo",
+    "Forbidden",
+    "IndexLink",
+    "LocalRegistry",
+    "NotFound",
+    "PackageInfo",
+    "ReleaseInfo",
+    "TokenInfo",
+]
 
 
 def _check_owner(package: str, owner: str | None, publisher: str) -> None:
@@ -126,93 +86,116 @@ def _check_owner(package: str, owner: str | None, publisher: str) -> None:
         )
 
 
-class LocalRegistry:
-    """The registry under ``root`` (created on first use). ``label``: how error messages name it (a server passes
-    one, so that its clients never see its file system paths)."""
+class LocalRegistry(Credentials, EvalSummaries):
+    """The registry under ``root`` (created and migrated on first use).
 
-    def __init__(self, root: str | Path, label: str | None = None) -> None:
+    Args:
+        root: the directory of the file store (and of the SQLite database, unless ``db`` is given).
+        label: how error messages name it (a server passes one, so that its clients never see its paths).
+        db: a database URL, ``postgresql://user:pass@host/db`` or ``sqlite:///path``; default ``<root>/registry.db``.
+
+    Raises:
+        DatabaseError: ``db`` is not a usable database URL, or the database cannot be reached.
+    """
+
+    def __init__(self, root: str | Path, label: str | None = None, db: str | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
         self.label = label
+        self.url = database.database_url(self.root, db)
         self.files = self.root / "files"
         self.staging = self.root / "staging"
         for d in (self.files, self.staging):
             d.mkdir(parents=True, exist_ok=True)
-        with self._connect() as db:
-            db.executescript(SCHEMA)
+        self.engine = database.create(self.url)
+        try:
+            database.migrate(self.engine)
+        except sa.exc.OperationalError as exc:
+            self.engine.dispose()
+            raise database.DatabaseError(
+                f"cannot open the registry database {self.url.render_as_string(hide_password=True)}: "
+                f"{str(exc.orig).strip()}; check --db (host, port, user, database) and that the server runs"
+            ) from None
 
     def __repr__(self) -> str:
-        return self.label or f"LocalRegistry({str(self.root)!r})"
+        if self.label:
+            return self.label
+        if self.url.get_backend_name() == "sqlite":
+            return f"LocalRegistry({str(self.root)!r})"
+        return f"LocalRegistry({str(self.root)!r}, db={self.url.render_as_string(hide_password=True)!r})"
 
-    # -- connections --
-    @contextmanager
-    def _connect(self) -> Iterator[sqlite3.Connection]:
-        db = sqlite3.connect(self.root / "registry.db", timeout=60, isolation_level=None, check_same_thread=False)
-        db.row_factory = sqlite3.Row
-        try:
-            db.execute("PRAGMA journal_mode=WAL")
-            db.execute("PRAGMA foreign_keys=ON")
-            yield db
-        finally:
-            db.close()
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; ``BEGIN IMMEDIATE`` takes the write lock up front, so checks and writes are atomic."""
-        with self._connect() as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-                db.execute("COMMIT")
-            except BaseException:
-                db.execute("ROLLBACK")
-                raise
+    def close(self) -> None:
+        """Close the database connections (the registry opens new ones if used again)."""
+        self.engine.dispose()
 
     # -- publishing --
     def publish(self, release: Release, publisher: str | None = None, allow_same_content: bool = False) -> ReleaseInfo:
-        """Add a release (validated by ``inspect_release``); ``publisher`` is the token's owner, None for local use."""
+        """Add a release (validated by ``inspect_release``).
+
+        Args:
+            release: the wheel + sdist pair and what was read from them.
+            publisher: the token's owner, None for local use.
+            allow_same_content: publish even if an earlier version has the same content hash.
+
+        Returns:
+            The release as stored.
+
+        Raises:
+            Conflict: the version exists, the content duplicates a version, or an env ID is taken.
+            Forbidden: ``publisher`` does not own the package.
+        """
         staged = self.staging / uuid.uuid4().hex
         staged.mkdir()
         try:
-            files = []
+            copies = []
             for path, kind in ((release.wheel, "wheel"), (release.sdist, "sdist")):
                 target = staged / path.name
                 shutil.copyfile(path, target)
-                files.append((target, kind, file_sha256(target), target.stat().st_size))
-            return self._commit(release, files, publisher, allow_same_content)
+                copies.append((target, kind, file_sha256(target), target.stat().st_size))
+            return self._commit(release, copies, publisher, allow_same_content)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
 
     def _commit(
-        self, release: Release, files: list[tuple[Path, str, str, int]], publisher: str | None, allow_same_content: bool
+        self,
+        release: Release,
+        copies: list[tuple[Path, str, str, int]],
+        publisher: str | None,
+        allow_same_content: bool,
     ) -> ReleaseInfo:
         name, version = release.name, release.version
         placed: list[Path] = []  # removed again if the transaction does not commit
         try:
-            with self._write() as db:
+            with database.write(self.engine) as db:
                 new_package = self._check_publishable(db, release, publisher, allow_same_content)
                 now = time.time()
                 if new_package:
-                    db.execute("INSERT INTO packages VALUES (?, ?, ?)", (name, publisher, now))
-                manifests = json.dumps([m.model_dump(mode="json") for m in release.manifests])
+                    db.execute(packages.insert().values(name=name, owner=publisher, created=now))
                 db.execute(
-                    "INSERT INTO releases VALUES (?, ?, ?, ?, ?, ?, ?, ?, 0, NULL)",
-                    (
-                        name,
-                        version,
-                        release.content_hash,
-                        release.summary,
-                        release.requires_python,
-                        manifests,
-                        publisher,
-                        now,
-                    ),
+                    releases.insert().values(
+                        package=name,
+                        version=version,
+                        content_hash=release.content_hash,
+                        summary=release.summary,
+                        requires_python=release.requires_python,
+                        manifests=json.dumps([m.model_dump(mode="json") for m in release.manifests]),
+                        publisher=publisher,
+                        uploaded=now,
+                        yanked=False,
+                        readme=release.readme,
+                        readme_type=release.readme_type,
+                    )
                 )
-                db.executemany("INSERT INTO env_ids VALUES (?, ?, ?)", [(e, name, version) for e in release.env_ids])
+                db.execute(
+                    env_ids_table.insert(),
+                    [{"env_id": e, "package": name, "version": version} for e in release.env_ids],
+                )
                 directory = self.files / name
                 directory.mkdir(exist_ok=True)
-                for path, kind, sha256, size in files:
+                for path, kind, sha256, size in copies:
                     db.execute(
-                        "INSERT INTO files VALUES (?, ?, ?, ?, ?, ?)", (path.name, name, version, kind, sha256, size)
+                        files.insert().values(
+                            filename=path.name, package=name, version=version, kind=kind, sha256=sha256, size=size
+                        )
                     )
                     os.replace(path, directory / path.name)
                     placed.append(directory / path.name)
@@ -223,22 +206,24 @@ class LocalRegistry:
         return self.release(name, version)
 
     def _check_publishable(
-        self, db: sqlite3.Connection, release: Release, publisher: str | None, allow_same_content: bool
+        self, db: Connection, release: Release, publisher: str | None, allow_same_content: bool
     ) -> bool:
         """Raise unless ``release`` may be added; True when its package is new. Runs inside the write transaction."""
         name, version = release.name, release.version
-        row = db.execute("SELECT owner FROM packages WHERE name = ?", (name,)).fetchone()
-        if row is not None and publisher is not None:
-            _check_owner(name, row["owner"], publisher)
-        existing = db.execute("SELECT version, content_hash FROM releases WHERE package = ?", (name,)).fetchall()
+        owner = db.execute(sa.select(packages.c.owner).where(packages.c.name == name)).first()
+        if owner is not None and publisher is not None:
+            _check_owner(name, owner.owner, publisher)
+        existing = db.execute(
+            sa.select(releases.c.version, releases.c.content_hash).where(releases.c.package == name)
+        ).all()
         for other in existing:
-            if Version(other["version"]) == Version(version):
-                same = "the same" if other["content_hash"] == release.content_hash else "different"
+            if Version(other.version) == Version(version):
+                same = "the same" if other.content_hash == release.content_hash else "different"
                 raise Conflict(
-                    f"{name} {other['version']} is already published (with {same} content); published "
+                    f"{name} {other.version} is already published (with {same} content); published "
                     f"versions are immutable: bump the version in pyproject.toml"
                 )
-        duplicate = [o["version"] for o in existing if o["content_hash"] == release.content_hash]
+        duplicate = [o.version for o in existing if o.content_hash == release.content_hash]
         if duplicate and not allow_same_content:
             raise Conflict(
                 f"{name} {version} has the same content (hash {release.content_hash[:12]}) as the "
@@ -247,90 +232,148 @@ class LocalRegistry:
             )
         for env_id in release.env_ids:
             self._check_env_id_free(db, env_id, name, publisher)
-        return row is None
+        return owner is None
 
     @staticmethod
-    def _check_env_id_free(db: sqlite3.Connection, env_id: str, package: str, publisher: str | None) -> None:
+    def _check_env_id_free(db: Connection, env_id: str, package: str, publisher: str | None) -> None:
         """An env ID belongs to one package; its other ``-vN`` versions may only come from the same publisher."""
         base = parse_env_id(env_id).base
+        e = env_ids_table.c
         rows = db.execute(
-            "SELECT DISTINCT e.env_id, e.package, p.owner FROM env_ids e JOIN packages p "
-            "ON p.name = e.package WHERE e.package != ? AND (e.env_id = ? OR e.env_id LIKE ?)",
-            (package, env_id, f"{base}-v%"),
-        ).fetchall()
+            sa.select(e.env_id, e.package, packages.c.owner)
+            .distinct()
+            .join(packages, packages.c.name == e.package)
+            .where(e.package != package, sa.or_(e.env_id == env_id, e.env_id.startswith(f"{base}-v", autoescape=True)))
+        ).all()
         for row in rows:
-            if row["env_id"] == env_id:
+            if row.env_id == env_id:
                 raise Conflict(
-                    f"env ID {env_id!r} is already provided by package {row['package']!r}; an env ID "
+                    f"env ID {env_id!r} is already provided by package {row.package!r}; an env ID "
                     "belongs to one package: pick another ID"
                 )
-            if parse_env_id(row["env_id"]).base == base and (publisher is None or row["owner"] != publisher):
+            if parse_env_id(row.env_id).base == base and (publisher is None or row.owner != publisher):
                 raise Conflict(
-                    f"env {base!r} is already provided by package {row['package']!r} (as "
-                    f"{row['env_id']!r}); only its publisher may add versions of it: pick another name"
+                    f"env {base!r} is already provided by package {row.package!r} (as "
+                    f"{row.env_id!r}); only its publisher may add versions of it: pick another name"
                 )
 
     def yank(self, package: str, version: str, reason: str, publisher: str | None = None) -> ReleaseInfo:
-        """Mark a release yanked (PEP 592): resolution skips it, an exact pin still installs it."""
+        """Mark a release yanked (PEP 592): resolution skips it, an exact pin still installs it.
+
+        Raises:
+            NotFound: no such release.
+            Forbidden: ``publisher`` does not own the package.
+        """
+        if "\x00" in reason:
+            raise Error(f"the yank reason {reason[:80]!r} contains a NUL character; give plain text")
         info = self.release(package, version)
-        with self._write() as db:
-            owner = db.execute("SELECT owner FROM packages WHERE name = ?", (info.package,)).fetchone()["owner"]
+        with database.write(self.engine) as db:
+            owner = db.execute(sa.select(packages.c.owner).where(packages.c.name == info.package)).scalar_one()
             if publisher is not None:
                 _check_owner(info.package, owner, publisher)
             db.execute(
-                "UPDATE releases SET yanked = 1, yanked_reason = ? WHERE package = ? AND version = ?",
-                (reason, info.package, info.version),
+                releases.update()
+                .where(releases.c.package == info.package, releases.c.version == info.version)
+                .values(yanked=True, yanked_reason=reason)
             )
         return self.release(info.package, info.version)
 
     # -- reading --
     def release(self, package: str, version: str) -> ReleaseInfo:
+        """One release, by package name and version (both normalized first).
+
+        Raises:
+            InvalidName: the name or version is malformed.
+            NotFound: no such release.
+        """
         name = names.package_name(package)
-        with self._connect() as db:
-            rows = db.execute("SELECT * FROM releases WHERE package = ?", (name,)).fetchall()
-            match = [r for r in rows if Version(r["version"]) == Version(names.package_version(version))]
+        wanted = Version(names.package_version(version))
+        with database.read(self.engine) as db:
+            rows = db.execute(queries.RELEASE_ROWS[True], {"name": name}).all()
+            match = [r for r in rows if Version(r.version) == wanted]
             if not match:
                 raise NotFound(
-                    f"{name} {version} is not in {self}; published versions: {[r['version'] for r in rows] or 'none'}"
+                    f"{name} {version} is not in {self}; published versions: {[r.version for r in rows] or 'none'}"
                 )
-            return self._release_info(db, match[0])
+            return self._releases(db, match, name)[0]
 
     def package(self, package: str) -> PackageInfo:
+        """A package and all its releases, oldest first.
+
+        Raises:
+            InvalidName: the name is malformed.
+            NotFound: no such package.
+        """
         name = names.package_name(package)
-        with self._connect() as db:
-            row = db.execute("SELECT * FROM packages WHERE name = ?", (name,)).fetchone()
-            if row is None:
-                raise NotFound(f"package {name!r} is not in {self}")
-            releases = [
-                self._release_info(db, r)
-                for r in db.execute("SELECT * FROM releases WHERE package = ?", (name,)).fetchall()
-            ]
-        releases.sort(key=lambda r: Version(r.version))
-        latest = _newest([r for r in releases if not r.yanked])
-        env_ids = sorted({e for r in releases for e in r.env_ids})
-        return PackageInfo(
-            name=name, owner=row["owner"], latest=latest.version if latest else None, env_ids=env_ids, releases=releases
-        )
+        found = self._packages(name)
+        if not found:
+            raise NotFound(f"package {name!r} is not in {self}")
+        return found[0]
 
     def packages(self) -> list[PackageInfo]:
-        with self._connect() as db:
-            package_names = [r["name"] for r in db.execute("SELECT name FROM packages ORDER BY name")]
-        return [self.package(n) for n in package_names]
+        """Every package, by name."""
+        return self._packages(None)
+
+    def _packages(self, name: str | None) -> list[PackageInfo]:
+        """The package ``name`` (a list of one, or empty), or every package when ``name`` is None."""
+        one, params = name is not None, {"name": name}
+        with database.read(self.engine) as db:
+            package_rows = sorted(db.execute(queries.PACKAGE_ROWS[one], params).all(), key=lambda r: r.name)
+            release_rows = db.execute(queries.RELEASE_ROWS[one], params).all()
+            all_releases = self._releases(db, release_rows, name)
+        by_package: dict[str, list[ReleaseInfo]] = {}
+        for release in sorted(all_releases, key=lambda r: Version(r.version)):
+            by_package.setdefault(release.package, []).append(release)
+        found = []
+        for row in package_rows:
+            owned = by_package.get(row.name, [])
+            latest = _newest([r for r in owned if not r.yanked])
+            found.append(
+                PackageInfo(
+                    name=row.name,
+                    owner=row.owner,
+                    latest=latest.version if latest else None,
+                    env_ids=sorted({e for r in owned for e in r.env_ids}),
+                    releases=owned,
+                )
+            )
+        return found
+
+    def index_links(self, package: str) -> list[IndexLink]:
+        """The files of a package as its PEP 503 page lists them (oldest version first, wheel before sdist), read in
+        one query: the index is what pip asks for most.
+
+        Raises:
+            InvalidName: the name is malformed.
+            NotFound: no such package.
+        """
+        name = names.package_name(package)
+        with database.read(self.engine) as db:
+            rows = db.execute(queries.INDEX_LINKS, {"name": name}).all()
+        if not rows:
+            raise NotFound(f"package {name!r} is not in {self}")
+        rows.sort(key=lambda r: (Version(r.version), r.kind != "wheel"))
+        return [
+            IndexLink(r.filename, r.sha256, f"files/{name}/{r.filename}", r.requires_python, r.yanked, r.yanked_reason)
+            for r in rows
+        ]
 
     def env_ids(self) -> list[EnvIdInfo]:
         """The env ID -> package index: every published env ID, its package and versions."""
-        with self._connect() as db:
+        e = env_ids_table.c
+        with database.read(self.engine) as db:
             rows = db.execute(
-                "SELECT e.env_id, e.package, e.version, r.yanked FROM env_ids e "
-                "JOIN releases r ON r.package = e.package AND r.version = e.version"
-            ).fetchall()
-        grouped: dict[tuple[str, str], list[sqlite3.Row]] = {}
+                sa.select(e.env_id, e.package, e.version, releases.c.yanked).join(
+                    releases, sa.and_(releases.c.package == e.package, releases.c.version == e.version)
+                )
+            ).all()
+        grouped: dict[tuple[str, str], list[Any]] = {}
         for row in rows:
-            grouped.setdefault((row["env_id"], row["package"]), []).append(row)
+            grouped.setdefault((row.env_id, row.package), []).append(row)
         found = []
         for (env_id, package), group in sorted(grouped.items()):
-            versions = sorted((r["version"] for r in group), key=Version)
-            latest = _newest_version([r["version"] for r in group if not r["yanked"]])
+            versions = sorted((r.version for r in group), key=Version)
+            latest = _newest_version([r.version for r in group if not r.yanked])
             found.append(EnvIdInfo(env_id=env_id, package=package, versions=versions, latest=latest))
         return found
 
@@ -348,39 +391,108 @@ class LocalRegistry:
         return found
 
     def resolve(self, env_id: str) -> ReleaseInfo:
-        """The release an env ID installs: its exact ``@pin`` (yanked or not), else the newest non-yanked version."""
+        """The release an env ID installs: its exact ``@pin`` (yanked or not), else the newest non-yanked version.
+
+        Raises:
+            InvalidEnvId: ``env_id`` is malformed.
+            NotFound: nothing provides it, the pin does not exist, or every version providing it is yanked.
+        """
         parsed = parse_env_id(env_id)
-        with self._connect() as db:
-            rows = db.execute(
-                "SELECT env_id, package, version FROM env_ids WHERE env_id = ? OR env_id LIKE ?",
-                (parsed.unpinned, f"{parsed.base}-v%"),
-            ).fetchall()
-        rows = [r for r in rows if parse_env_id(r["env_id"]).base == parsed.base]
-        if parsed.version is None and rows:  # unversioned: the highest -vN published
-            top = max(parse_env_id(r["env_id"]).version or 0 for r in rows)
-            rows = [r for r in rows if (parse_env_id(r["env_id"]).version or 0) == top]
-        else:
-            rows = [r for r in rows if r["env_id"] == parsed.unpinned]
-        if not rows:
-            raise NotFound(f"no package in {self} provides env ID {parsed.unpinned!r}; see `molt-env search`")
-        releases = [self.release(r["package"], r["version"]) for r in rows]
+        with database.read(self.engine) as db:
+            pattern = re.sub(r"([!%_])", r"!\1", parsed.base) + "-v%"
+            rows = db.execute(queries.ID_FAMILY, {"env_id": parsed.unpinned, "pattern": pattern}).all()
+            rows = [r for r in rows if parse_env_id(r.env_id).base == parsed.base]
+            if parsed.version is None and rows:  # unversioned: the highest -vN published
+                top = max(parse_env_id(r.env_id).version or 0 for r in rows)
+                rows = [r for r in rows if (parse_env_id(r.env_id).version or 0) == top]
+            else:
+                rows = [r for r in rows if r.env_id == parsed.unpinned]
+            if not rows:
+                raise NotFound(f"no package in {self} provides env ID {parsed.unpinned!r}; see `molt-env search`")
+            wanted = {(r.package, r.version) for r in rows}
+            providers = sorted({r.package for r in rows})
+            release_rows = [
+                r
+                for package in providers
+                for r in db.execute(queries.RELEASE_ROWS[True], {"name": package})
+                if (r.package, r.version) in wanted
+            ]
+            candidates = self._releases(db, release_rows, providers[0] if len(providers) == 1 else None)
         if parsed.pin is not None:
-            pinned = [r for r in releases if Version(r.version) == Version(names.package_version(parsed.pin))]
+            pinned = [r for r in candidates if Version(r.version) == Version(names.package_version(parsed.pin))]
             if not pinned:
                 raise NotFound(
                     f"{parsed.unpinned!r} has no package version {parsed.pin}; published: "
-                    f"{sorted((r.version for r in releases), key=Version)}"
+                    f"{sorted((r.version for r in candidates), key=Version)}"
                 )
             return pinned[0]
-        newest = _newest([r for r in releases if not r.yanked])
+        newest = _newest([r for r in candidates if not r.yanked])
         if newest is None:
             raise NotFound(
                 f"every version providing {parsed.unpinned!r} is yanked "
-                f"({', '.join(r.version for r in releases)}); pin one with '@<version>' to install it anyway"
+                f"({', '.join(r.version for r in candidates)}); pin one with '@<version>' to install it anyway"
             )
         return newest
 
+    def readme(self, package: str, version: str) -> tuple[str, str | None]:
+        """``(README text, its content type)`` of a release; read from its wheel once if it predates the column.
+
+        Raises:
+            InvalidName: the name or version is malformed.
+            NotFound: no such release.
+        """
+        name, exact = names.package_name(package), names.package_version(version)
+        with database.read(self.engine) as db:  # the stored, normalized version: one query
+            row = db.execute(queries.README, {"name": name, "version": exact}).first()
+        if row is not None and row.readme is not None:
+            return row.readme, row.readme_type
+        info = self.release(package, version)  # another spelling of the version, or a README not read yet
+        key = (releases.c.package == info.package, releases.c.version == info.version)
+        with database.read(self.engine) as db:
+            row = db.execute(sa.select(releases.c.readme, releases.c.readme_type).where(*key)).one()
+        if row.readme is not None:
+            return row.readme, row.readme_type
+        try:
+            text, content_type = read_readme(self.file_path(info.package, info.wheel.filename))
+        except (InvalidArtifact, NotFound):
+            text, content_type = "", None
+        with database.write(self.engine, exclusive=False) as db:
+            db.execute(releases.update().where(*key).values(readme=text, readme_type=content_type))
+        return text, content_type
+
+    def validation(self, package: str, version: str) -> tuple[str | None, dict[str, Any] | None]:
+        """``(status, report)`` of a release's validation; ``(None, None)`` while nothing validated it."""
+        info = self.release(package, version)
+        with database.read(self.engine) as db:
+            row = db.execute(
+                sa.select(releases.c.validation_status, releases.c.validation_report).where(
+                    releases.c.package == info.package, releases.c.version == info.version
+                )
+            ).one()
+        return row.validation_status, json.loads(row.validation_report) if row.validation_report else None
+
+    def count_download(self, package: str, filename: str) -> None:
+        """Count one download of ``filename`` against its release when it is a wheel (the install count)."""
+        with database.write(self.engine, exclusive=False) as db:
+            row = db.execute(
+                sa.select(files.c.version).where(
+                    files.c.package == package, files.c.filename == filename, files.c.kind == "wheel"
+                )
+            ).first()
+            if row is not None:
+                db.execute(
+                    releases.update()
+                    .where(releases.c.package == package, releases.c.version == row.version)
+                    .values(downloads=releases.c.downloads + 1)
+                )
+
     def file_path(self, package: str, filename: str) -> Path:
+        """Where a release file lies in the file store.
+
+        Raises:
+            InvalidName: the package or file name is malformed.
+            NotFound: no such file of that package.
+        """
         name = names.package_name(package)
         file_name, _, _ = names.distribution_file(filename)
         path = self.files / name / filename
@@ -394,74 +506,47 @@ class LocalRegistry:
         shutil.copyfile(self.file_path(info.package, file.filename), target)
         return target
 
-    def _release_info(self, db: sqlite3.Connection, row: sqlite3.Row) -> ReleaseInfo:
-        files = db.execute(
-            "SELECT * FROM files WHERE package = ? AND version = ? ORDER BY kind DESC", (row["package"], row["version"])
-        ).fetchall()
-        env_ids = [
-            r["env_id"]
-            for r in db.execute(
-                "SELECT env_id FROM env_ids WHERE package = ? AND version = ? ORDER BY env_id",
-                (row["package"], row["version"]),
-            )
-        ]
-        return ReleaseInfo(
-            package=row["package"],
-            version=row["version"],
-            content_hash=row["content_hash"],
-            summary=row["summary"],
-            requires_python=row["requires_python"],
-            env_ids=env_ids,
-            manifests=json.loads(row["manifests"]),
-            publisher=row["publisher"],
-            uploaded=row["uploaded"],
-            yanked=bool(row["yanked"]),
-            yanked_reason=row["yanked_reason"],
-            files=[
-                FileInfo(
-                    filename=f["filename"],
-                    kind=f["kind"],
-                    sha256=f["sha256"],
-                    size=f["size"],
-                    url=f"files/{f['package']}/{f['filename']}",
+    def _releases(self, db: Connection, rows: list[Any], package: str | None) -> list[ReleaseInfo]:
+        """``ReleaseInfo`` of release rows, their files and env IDs read in two queries (of one package's rows when
+        ``package`` is given, else of all)."""
+        wanted = {(r.package, r.version) for r in rows}
+        if not wanted:
+            return []
+        one, params = package is not None, {"name": package}
+        by_release: dict[tuple[str, str], list[FileInfo]] = {}
+        for f in db.execute(queries.FILE_ROWS[one], params):
+            if (f.package, f.version) in wanted:
+                by_release.setdefault((f.package, f.version), []).append(
+                    FileInfo(
+                        filename=f.filename,
+                        kind=f.kind,
+                        sha256=f.sha256,
+                        size=f.size,
+                        url=f"files/{f.package}/{f.filename}",
+                    )
                 )
-                for f in files
-            ],
-        )
-
-    # -- publish tokens (stored as sha256 digests; the token itself is shown once, at minting) --
-    def mint_token(self, publisher: str) -> tuple[int, str]:
-        token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        with self._write() as db:
-            cursor = db.execute(
-                "INSERT INTO tokens (publisher, digest, created) VALUES (?, ?, ?)",
-                (names.publisher_name(publisher), _digest(token), time.time()),
+        ids: dict[tuple[str, str], list[str]] = {}
+        for e in db.execute(queries.ID_ROWS[one], params):
+            ids.setdefault((e.package, e.version), []).append(e.env_id)
+        return [
+            ReleaseInfo(
+                package=r.package,
+                version=r.version,
+                content_hash=r.content_hash,
+                summary=r.summary,
+                requires_python=r.requires_python,
+                env_ids=ids.get((r.package, r.version), []),
+                manifests=json.loads(r.manifests),
+                publisher=r.publisher,
+                uploaded=r.uploaded,
+                yanked=bool(r.yanked),
+                yanked_reason=r.yanked_reason,
+                files=by_release.get((r.package, r.version), []),
+                downloads=r.downloads,
+                validation_status=r.validation_status,
             )
-        return int(cursor.lastrowid or 0), token
-
-    def revoke_token(self, token_id: int) -> TokenInfo:
-        with self._write() as db:
-            if (
-                db.execute(
-                    "UPDATE tokens SET revoked = ? WHERE id = ? AND revoked IS NULL", (time.time(), token_id)
-                ).rowcount
-                == 0
-            ):
-                raise NotFound(f"no active token with id {token_id}; see `molt-env token list`")
-        return next(t for t in self.tokens() if t.id == token_id)
-
-    def tokens(self) -> list[TokenInfo]:
-        with self._connect() as db:
-            rows = db.execute("SELECT id, publisher, created, revoked FROM tokens ORDER BY id").fetchall()
-        return [TokenInfo(**dict(r)) for r in rows]
-
-    def token_publisher(self, token: str) -> str | None:
-        """The publisher of an active token, or None."""
-        with self._connect() as db:
-            row = db.execute(
-                "SELECT publisher FROM tokens WHERE digest = ? AND revoked IS NULL", (_digest(token),)
-            ).fetchone()
-        return row["publisher"] if row else None
+            for r in rows
+        ]
 
 
 def _newest_version(versions: list[str]) -> str | None:
@@ -473,7 +558,3 @@ def _newest_version(versions: list[str]) -> str | None:
 def _newest(releases: list[ReleaseInfo]) -> ReleaseInfo | None:
     newest = _newest_version([r.version for r in releases])
     return next((r for r in releases if r.version == newest), None)
-
-
-def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()

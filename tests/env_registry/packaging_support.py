@@ -1,4 +1,5 @@
-"""Helpers of the package/registry tests: the CLI as a subprocess, fresh venvs, a live registry server, builds."""
+"""Helpers of the package/registry tests: the CLI as a subprocess, fresh venvs, a live registry server, builds,
+and an eval summary as `molt-env eval` writes one."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 import httpx
 
 from env_registry.artifacts import Release, inspect_release
+from env_registry.client import RegistryClient
+from env_registry.store import Conflict
 
 MOLT_ENV = str(Path(sys.executable).with_name("molt-env"))
 
@@ -54,13 +57,18 @@ def in_venv(python: Path, code: str) -> subprocess.CompletedProcess:
 
 def hatch_build(root: Path, out: Path) -> Release:
     """Wheel + sdist with hatchling in this process (what ``python -m build`` runs, minus three interpreters)."""
+    return inspect_release(*hatch_files(root, out))
+
+
+def hatch_files(root: Path, out: Path) -> tuple[Path, Path]:
+    """``(wheel, sdist)`` built by hatchling, not inspected (for builds a registry must refuse)."""
     from hatchling.builders.sdist import SdistBuilder
     from hatchling.builders.wheel import WheelBuilder
 
     out.mkdir(parents=True, exist_ok=True)
     wheel = next(WheelBuilder(str(root)).build(directory=str(out), versions=["standard"]))
     sdist = next(SdistBuilder(str(root)).build(directory=str(out), versions=["standard"]))
-    return inspect_release(Path(wheel), Path(sdist))
+    return Path(wheel), Path(sdist)
 
 
 def set_version(root: Path, version: str) -> None:
@@ -85,6 +93,7 @@ class Server:
     token: str
     root: Path
     process: subprocess.Popen
+    db: str | None = None  # the --db URL it serves (None: the SQLite file in root)
 
     def stop(self) -> None:
         self.process.terminate()
@@ -113,9 +122,39 @@ def start_server(root: Path, *extra: str) -> Server:
         match = re.search(r"\(shown once\): (\S+)", log.read_text())
         try:
             if match and httpx.get(f"{url}/api/health", timeout=1).status_code == 200:
-                return Server(url, match[1], root, process)
+                db = extra[extra.index("--db") + 1] if "--db" in extra else None
+                return Server(url, match[1], root, process, db)
         except httpx.HTTPError:
             pass
         time.sleep(0.1)
     process.kill()
     raise RuntimeError(f"molt-env serve did not come up at {url}:\n{log.read_text()}")
+
+
+# the summary.json of an eval of hub/demo-v1 1.1.0
+SUMMARY = {
+    "env_id": "hub/demo-v1",
+    "package_version": "1.1.0",
+    "spec_hash": "0123456789abcdef",
+    "split": "test",
+    "num_prompts": 40,
+    "n": 4,
+    "pass@1": 0.375,
+    "pass@4": 0.625,
+    "mean_reward": 0.41,
+    "failures": {"grader_error": 1, "timeout": 2},
+    "model": "runs/rl/hf",
+    "seed": 7,
+    "started": "2026-01-01T10:00:00Z",
+    "finished": "2026-01-01T10:04:00Z",
+    "report": {"per_env": [{"env_id": "hub/demo-v1", "mean_reward": 0.41}]},  # extra keys are kept
+}
+
+
+def publish(server, *releases) -> None:
+    """Publish unless already there (the session's server is shared by tests in any order)."""
+    for release in releases:
+        try:
+            RegistryClient(server.url, server.token).publish(release)
+        except Conflict as exc:
+            assert "with the same content" in str(exc), exc

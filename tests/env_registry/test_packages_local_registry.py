@@ -12,8 +12,8 @@ from env_registry.scaffold import init
 from env_registry.store import Conflict, LocalRegistry, NotFound
 
 
-def test_publish_rules_yank_and_resolution(echo, tmp_path):
-    registry = LocalRegistry(tmp_path / "reg")
+def test_publish_rules_yank_and_resolution(echo, tmp_path, make_registry):
+    registry = make_registry(tmp_path / "reg")
     r = echo.releases
     registry.publish(r["1.0.0"])
     with pytest.raises(Conflict, match=r"acme-echo 1.0.0 is already published \(with the same content\)"):
@@ -54,8 +54,8 @@ def test_publish_rules_yank_and_resolution(echo, tmp_path):
             assert registry.file_path("acme-echo", file.filename).stat().st_size == file.size
 
 
-def test_a_version_with_different_content_is_refused(echo, tmp_path):
-    registry = LocalRegistry(tmp_path / "reg")
+def test_a_version_with_different_content_is_refused(echo, tmp_path, make_registry):
+    registry = make_registry(tmp_path / "reg")
     registry.publish(echo.releases["1.0.1"])
     src = tmp_path / "changed"
     shutil.copytree(echo.src, src, ignore=shutil.ignore_patterns("dist"))
@@ -68,8 +68,8 @@ def test_a_version_with_different_content_is_refused(echo, tmp_path):
     assert registry.release("acme-echo", "1.0.1").content_hash == echo.releases["1.0.1"].content_hash
 
 
-def test_an_env_id_belongs_to_one_package(echo, tmp_path):
-    registry = LocalRegistry(tmp_path / "reg")
+def test_an_env_id_belongs_to_one_package(echo, tmp_path, make_registry):
+    registry = make_registry(tmp_path / "reg")
     registry.publish(echo.releases["1.0.0"])
     impostor = init(tmp_path / "impostor", "acme/echo-v1", package="evil-echo")
     with pytest.raises(Conflict, match="env ID 'acme/echo-v1' is already provided by package 'acme-echo'"):
@@ -80,9 +80,9 @@ def test_an_env_id_belongs_to_one_package(echo, tmp_path):
     assert registry.resolve("acme/echo-v1").package == registry.resolve("acme/echo").package == "acme-echo"
 
 
-def test_concurrent_publishes_of_one_version_one_wins(echo, tmp_path):
+def test_concurrent_publishes_of_one_version_one_wins(echo, tmp_path, make_registry):
     registry_root = tmp_path / "reg"
-    LocalRegistry(registry_root)
+    make_registry(registry_root)
     variants = []
     for i in range(6):
         src = tmp_path / f"variant{i}"
@@ -94,7 +94,7 @@ def test_concurrent_publishes_of_one_version_one_wins(echo, tmp_path):
     outcomes: list[str] = []
 
     def publish(release):
-        registry = LocalRegistry(registry_root)  # its own connections, as separate processes would have
+        registry = make_registry(registry_root)  # its own connections, as separate processes would have
         barrier.wait()
         try:
             registry.publish(release)
@@ -109,7 +109,7 @@ def test_concurrent_publishes_of_one_version_one_wins(echo, tmp_path):
         t.join()
     winners = [o for o in outcomes if o != "conflict"]
     assert len(winners) == 1 and outcomes.count("conflict") == 5
-    registry = LocalRegistry(registry_root)
+    registry = make_registry(registry_root)
     assert registry.release("acme-echo", "3.0.0").content_hash == winners[0]
     files = sorted(p.name for p in (registry_root / "files" / "acme-echo").iterdir())
     assert files == ["acme_echo-3.0.0-py3-none-any.whl", "acme_echo-3.0.0.tar.gz"]

@@ -29,6 +29,7 @@ def ensure_published(server, release) -> None:
         assert "with the same content" in str(exc), exc
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # backend-independent; heavy: run once
 def test_publish_install_make_yank_through_the_server(server, echo, new_venv):
     client = RegistryClient(server.url, server.token)
     for version in ("1.0.0", "1.0.1"):
@@ -115,6 +116,7 @@ def test_the_package_scoped_index_serves_only_its_package(server, echo):
         assert httpx.get(f"{server.url}/p/acme-echo/simple/{other}/").status_code == 404
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # backend-independent; heavy: run once
 def test_a_tampered_file_is_refused(server, tmp_path, new_venv):
     src = init(tmp_path / "tamper", "acme/tamper-v1")
     release = hatch_build(src, tmp_path / "dist")
@@ -139,6 +141,7 @@ def test_a_tampered_file_is_refused(server, tmp_path, new_venv):
     assert in_venv(python, "import acme_tamper").returncode != 0
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # reads registry.db; test_hub_postgres covers PostgreSQL
 def test_tokens_missing_invalid_revoked_and_foreign(server, echo, tmp_path):
     files = {"wheel": ("acme_echo-9.0.0-py3-none-any.whl", b"x"), "sdist": ("acme_echo-9.0.0.tar.gz", b"x")}
     missing = httpx.post(f"{server.url}/api/packages", files=files)
@@ -317,6 +320,7 @@ def test_twenty_concurrent_publishes_leave_a_consistent_index(server, tmp_path):
     assert not list((server.root / "staging").iterdir())
 
 
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)  # backend-independent; heavy: run once
 def test_openapi_fuzz_finds_no_server_errors(server, tmp_path):
     out = subprocess.run(
         [
