@@ -3,6 +3,7 @@
 ``make("ns/name-v1")`` returns a fresh env instance. Importing this package never imports torch or ray.
 """
 
+from env_registry.conformance import check_env
 from env_registry.datasets import count_rows, iter_split, load_split
 from env_registry.errors import (
     DeprecatedEnv,
@@ -39,6 +40,7 @@ __all__ = [
     "RegistrationError",
     "UnregisteredEnv",
     "VersionNotFound",
+    "check_env",
     "count_rows",
     "iter_split",
     "load_split",

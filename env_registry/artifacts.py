@@ -72,7 +72,8 @@ def inspect_release(wheel: Path, sdist: Path) -> Release:
             )
     if shipped_pyproject is None:
         raise ManifestError(
-            f"{wheel.name} has no {MANIFEST_METADATA_PATH} in its .dist-info; add "
+            f"{wheel.name} has no {MANIFEST_METADATA_PATH} in its .dist-info; enable the molt build hook (a "
+            '[tool.hatch.build.hooks.molt] table, with "molt-ecosystem" in build-system.requires), or add '
             '[tool.hatch.build.targets.wheel.extra-metadata] "pyproject.toml" = "molt/pyproject.toml"'
         )
     manifests = manifests_from_pyproject(shipped_pyproject, f"{wheel.name} pyproject.toml")

@@ -21,8 +21,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from env_registry import names
 from env_registry.artifacts import Release, check_entry_points, inspect_release
 from env_registry.errors import BuildError, ManifestError
-from env_registry.manifest import EnvManifest, parse_manifests
-from env_registry.registry import ENTRY_POINT_GROUP
+from env_registry.manifest import ENTRY_POINT_GROUP, EnvManifest, pyproject_manifests
 
 BUILD_TIMEOUT_S = 600
 
@@ -57,12 +56,8 @@ def read_source(root: str | Path) -> Source:
             )
     name = names.package_name(project["name"])
     version = names.package_version(project["version"])
-    table = data.get("tool", {}).get("molt", {}).get("env")
-    if table is None:
-        raise ManifestError(f"{path}: no [tool.molt.env] table; add one with at least 'id' and 'entry_point'")
-    manifests = parse_manifests(table, f"{path} [tool.molt.env]")
-    entry_points = project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
-    check_entry_points(str(path), manifests, entry_points)
+    manifests = pyproject_manifests(data, str(path))
+    check_entry_points(str(path), manifests, project.get("entry-points", {}).get(ENTRY_POINT_GROUP, {}))
     requires = tuple(data.get("build-system", {}).get("requires", ["setuptools"]))
     return Source(root, name, version, tuple(manifests), requires)
 

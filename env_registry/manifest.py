@@ -1,9 +1,16 @@
 """The ``[tool.molt.env]`` manifest of an env package and the ``EnvSpec`` built from it.
 
 A package's ``pyproject.toml`` holds one ``[tool.molt.env]`` table, or an array ``[[tool.molt.env]]`` for several
-env IDs. The wheel carries that file in its ``.dist-info`` (hatchling ``extra-metadata``), so the registry reads
-manifests from installed metadata without importing any env module. A package with many IDs may keep them in a
-catalog file instead (``[[env]]`` tables, the same fields), shipped the same way as ``molt/catalog.toml``.
+env IDs. The wheel carries that file in its ``.dist-info`` (the ``molt`` hatchling build hook, or hatchling's
+``extra-metadata``), so the registry reads manifests from installed metadata without importing any env module. A
+package with many IDs may keep them in a catalog file instead (``[[env]]`` tables, the same fields), shipped the same
+way as ``molt/catalog.toml``.
+
+A table states each fact once: ``entry_point`` may be left out (the package's ``molt.envs`` entry point for the ID
+says it), so may ``id`` when the package has one manifest and one such entry point, and the row keys and prompt of
+every split (``SPLIT_DEFAULTS``) may be given once at the top of the table, each split overriding what it sets.
+``parse_manifests`` fills those in, so an ``EnvManifest`` (and the spec and hash made from it) is the same whichever
+way the table was written.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ import json
 import math
 import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -23,6 +31,8 @@ from env_registry.ids import parse_env_id
 
 _ENTRY_POINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _SAFE_PATH = re.compile(r"^[\w][\w./-]*$")
+ENTRY_POINT_GROUP = "molt.envs"
+SPLIT_DEFAULTS = ("input_key", "label_key", "reference_key", "prompt_template", "system_prompt")
 
 
 class DatasetSplit(BaseModel):
@@ -144,18 +154,31 @@ class EnvSpec(EnvManifest):
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def parse_manifests(table: Any, source: str) -> list[EnvManifest]:
-    """Validate the value of ``tool.molt.env`` (a table or an array of tables)."""
+def parse_manifests(table: Any, source: str, entry_points: Mapping[str, str] | None = None) -> list[EnvManifest]:
+    """Validate the value of ``tool.molt.env`` (a table or an array of tables), filling in what it leaves out.
+
+    Args:
+        table: the parsed TOML value. source: names it in errors.
+        entry_points: the package's ``molt.envs`` entry points (ID -> ``"pkg.mod:Class"``), or None when unknown;
+            a manifest without ``entry_point`` (or ``id``) takes it from them.
+
+    Returns:
+        One manifest per table.
+
+    Raises:
+        ManifestError: naming the table, the field and the offending value.
+    """
     tables = table if isinstance(table, list) else [table]
     manifests = []
     for i, entry in enumerate(tables):
         where = source if len(tables) == 1 else f"{source}[{i}]"
         if not isinstance(entry, dict):
             raise ManifestError(f"{where}: [tool.molt.env] must be a table, got {type(entry).__name__} {entry!r:.80}")
+        entry = _filled_in(entry, where, entry_points or {}, len(tables))
         try:
             manifests.append(EnvManifest.model_validate(entry))
         except ValidationError as exc:
-            raise ManifestError(format_validation_error(exc, where)) from None
+            raise ManifestError(format_validation_error(exc, where, entry)) from None
     ids = [m.id for m in manifests]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
@@ -163,11 +186,43 @@ def parse_manifests(table: Any, source: str) -> list[EnvManifest]:
     return manifests
 
 
-def format_validation_error(exc: ValidationError, where: str) -> str:
+def _filled_in(entry: dict[str, Any], where: str, entry_points: Mapping[str, str], tables: int) -> dict[str, Any]:
+    """The table with ``id`` and ``entry_point`` taken from the entry points and the split defaults moved into
+    every split (a split's own value wins)."""
+    entry = dict(entry)
+    if "id" not in entry and tables == 1 and len(entry_points) == 1:
+        entry["id"] = next(iter(entry_points))
+    if "entry_point" not in entry and isinstance(entry.get("id"), str) and entry["id"] in entry_points:
+        entry["entry_point"] = entry_points[entry["id"]]
+    shared = {key: entry.pop(key) for key in SPLIT_DEFAULTS if key in entry}
+    if not shared:
+        return entry
+    datasets = entry.get("datasets")
+    if not isinstance(datasets, dict) or not datasets:
+        raise ManifestError(
+            f"{where}: {sorted(shared)} are defaults for the dataset splits, but the table declares none; "
+            'add the splits (e.g. datasets.train.path = "data/train.jsonl") or remove them'
+        )
+    entry["datasets"] = {
+        name: {**shared, **split} if isinstance(split, dict) else split for name, split in datasets.items()
+    }
+    return entry
+
+
+def format_validation_error(exc: ValidationError, where: str, entry: Mapping[str, Any] | None = None) -> str:
+    """One line per invalid field of a manifest table: the field, what is wrong, and the value or what to add."""
+    env_id = (entry or {}).get("id", "ns/name-v1")
+    missing = {
+        "id": f"give the env ID (it may be left out only with one manifest and one {ENTRY_POINT_GROUP!r} entry point)",
+        "entry_point": f'add "{env_id}" = "package.module:Class" to [project.entry-points."{ENTRY_POINT_GROUP}"]',
+    }
     lines = [f"invalid manifest in {where}:"]
     for err in exc.errors():
         field = ".".join(str(p) for p in err["loc"]) or "(table)"
-        lines.append(f"  field {field!r}: {err['msg']} (got {err.get('input')!r:.100})")
+        if err["type"] == "missing" and field in missing:
+            lines.append(f"  field {field!r}: {err['msg']}; {missing[field]}")
+        else:
+            lines.append(f"  field {field!r}: {err['msg']} (got {err.get('input')!r:.100})")
     return "\n".join(lines)
 
 
@@ -176,14 +231,28 @@ def manifests_from_pyproject(text: str, source: str) -> list[EnvManifest]:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as exc:  # RecursionError: nested deeper than the parser goes
         raise ManifestError(f"{source}: not valid TOML: {exc}") from None
+    return pyproject_manifests(data, source)
+
+
+def pyproject_manifests(data: Mapping[str, Any], source: str) -> list[EnvManifest]:
+    """The manifests of a parsed ``pyproject.toml``, completed from its ``molt.envs`` entry points.
+
+    Raises:
+        ManifestError: for a missing ``[tool.molt.env]`` table or an invalid manifest.
+    """
     table = data.get("tool", {}).get("molt", {}).get("env")
     if table is None:
-        raise ManifestError(f"{source}: no [tool.molt.env] table; add one with at least 'id' and 'entry_point'")
-    return parse_manifests(table, f"{source} [tool.molt.env]")
+        raise ManifestError(
+            f"{source}: no [tool.molt.env] table; add one (with at least the env's dataset splits; "
+            "`molt-env init` writes an example)"
+        )
+    entry_points = data.get("project", {}).get("entry-points", {}).get(ENTRY_POINT_GROUP, {})
+    return parse_manifests(table, f"{source} [tool.molt.env]", entry_points if isinstance(entry_points, dict) else {})
 
 
-def manifests_from_catalog(text: str, source: str) -> list[EnvManifest]:
-    """The ``[[env]]`` tables of a catalog file (a package's manifests kept out of its ``pyproject.toml``)."""
+def manifests_from_catalog(text: str, source: str, entry_points: Mapping[str, str] | None = None) -> list[EnvManifest]:
+    """The ``[[env]]`` tables of a catalog file (a package's manifests kept out of its ``pyproject.toml``);
+    ``entry_points`` (the package's ``molt.envs`` group) complete them as ``parse_manifests`` says."""
     try:
         data = tomllib.loads(text)
     except (tomllib.TOMLDecodeError, RecursionError) as exc:
@@ -191,7 +260,7 @@ def manifests_from_catalog(text: str, source: str) -> list[EnvManifest]:
     unknown = sorted(set(data) - {"env"})
     if unknown or not isinstance(data.get("env"), list):
         raise ManifestError(f"{source}: a catalog holds only [[env]] tables, got keys {sorted(data)}")
-    return parse_manifests(data["env"], f"{source} [[env]]")
+    return parse_manifests(data["env"], f"{source} [[env]]", entry_points)
 
 
 def read_pyproject_manifests(path: str | Path) -> list[EnvManifest]:

@@ -27,10 +27,15 @@ from env_registry.errors import (
     VersionNotFound,
 )
 from env_registry.ids import EnvId, parse_env_id
-from env_registry.manifest import EnvManifest, EnvSpec, manifests_from_catalog, manifests_from_pyproject
+from env_registry.manifest import (
+    ENTRY_POINT_GROUP,
+    EnvManifest,
+    EnvSpec,
+    manifests_from_catalog,
+    manifests_from_pyproject,
+)
 from env_registry.remote import RemoteEnvSpec
 
-ENTRY_POINT_GROUP = "molt.envs"
 MANIFEST_METADATA_PATH = "extra_metadata/molt/pyproject.toml"
 CATALOG_METADATA_PATH = "extra_metadata/molt/catalog.toml"  # optional: manifests kept out of pyproject.toml
 
@@ -213,9 +218,9 @@ class Registry(Mapping[str, EnvSpec]):
             f"{parsed.unpinned!r} is deprecated and no longer registered; use '{parsed.base}-v{max(versions)}'"
         )
 
-    def load(self, env_id: str) -> type:
-        """Import and return the class an ID's entry point names."""
-        spec = self.spec(env_id)
+    def load(self, env_id: str | EnvSpec) -> type:
+        """Import and return the class an ID's (or a spec's) entry point names."""
+        spec = env_id if isinstance(env_id, EnvSpec) else self.spec(env_id)
         if isinstance(spec, RemoteEnvSpec):
             raise RegistrationError(
                 f"{spec.id!r} runs in {spec.where}; there is no class to import here: use make() or runner_for()"
@@ -229,9 +234,10 @@ class Registry(Mapping[str, EnvSpec]):
             raise RegistrationError(f"entry point {spec.entry_point!r} of {spec.id!r} cannot be loaded: {exc}") from exc
         return obj
 
-    def factory(self, env_id: str, **kwargs: Any) -> tuple[EnvSpec, Callable[[], Any]]:
-        """Resolve once; return the spec (with ``kwargs`` overlaid) and a function making fresh stamped instances."""
-        spec = self.spec(env_id)
+    def factory(self, env_id: str | EnvSpec, **kwargs: Any) -> tuple[EnvSpec, Callable[[], Any]]:
+        """Resolve once (a spec is taken as is); return the spec (with ``kwargs`` overlaid) and a function making
+        fresh stamped instances."""
+        spec = env_id if isinstance(env_id, EnvSpec) else self.spec(env_id)
         if isinstance(spec, RemoteEnvSpec):
             if kwargs:
                 raise RegistrationError(
@@ -239,7 +245,7 @@ class Registry(Mapping[str, EnvSpec]):
                     "set them in the spec the server serves"
                 )
             return spec, remote.factory(spec)
-        cls = self.load(env_id)
+        cls = self.load(spec)
         merged = {**spec.kwargs, **kwargs}
         stamped = spec.model_copy(update={"kwargs": merged}) if kwargs else spec
 
@@ -262,15 +268,17 @@ def _dist_manifests(dist: metadata.Distribution | None) -> dict[str, EnvManifest
     found: dict[str, EnvManifest] = {}
     where = f"{dist.metadata['Name']} {dist.version}"
     has_catalog = dist.read_text(CATALOG_METADATA_PATH) is not None
-    for path, parse in (
-        (MANIFEST_METADATA_PATH, manifests_from_pyproject),
-        (CATALOG_METADATA_PATH, manifests_from_catalog),
-    ):
+    entry_points = {ep.name: ep.value for ep in dist.entry_points if ep.group == ENTRY_POINT_GROUP}
+    for path in (MANIFEST_METADATA_PATH, CATALOG_METADATA_PATH):
         text = dist.read_text(path)
         if text is None or (path == MANIFEST_METADATA_PATH and "tool.molt.env" not in text and has_catalog):
             continue  # a package may keep every manifest in its catalog
+        source = f"{where} {path.rpartition('/')[2]}"
         try:
-            manifests = parse(text, f"{where} {path.rpartition('/')[2]}")
+            if path == MANIFEST_METADATA_PATH:  # completed from the pyproject's own entry points
+                manifests = manifests_from_pyproject(text, source)
+            else:
+                manifests = manifests_from_catalog(text, source, entry_points)
         except ManifestError as exc:
             warnings.warn(str(exc), stacklevel=3)
             continue

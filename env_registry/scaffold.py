@@ -1,8 +1,11 @@
 """``molt-env init``: a new env package that checks, builds, publishes and installs as it stands.
 
-The package is a plain hatchling project: the ``[tool.molt.env]`` manifest and the ``molt.envs`` entry point in
-``pyproject.toml``, the pyproject shipped in the wheel's ``.dist-info`` (so registries read manifests without
-importing anything), an env module, a small JSONL dataset, a test and a README.
+The package is a plain hatchling project that states each fact once: the ``molt.envs`` entry point (the manifest
+takes its ID and entry point from it), a ``[tool.molt.env]`` manifest with the fields an author edits first (kind,
+description, tags, license, reward range, turns) and one set of row keys and prompt for both splits, the ``molt``
+build hook (which validates the manifest and ships the pyproject in the wheel's ``.dist-info``, so registries read
+manifests without importing anything), an env module, a small JSONL dataset, a one-line conformance test and a
+README.
 """
 
 from __future__ import annotations
@@ -69,7 +72,7 @@ class {cls}(ChatAgent):
 '''
 
 PYPROJECT = """[build-system]
-requires = ["hatchling>=1.25"]
+requires = ["hatchling>=1.25", "molt-ecosystem>=0.1"]
 build-backend = "hatchling.build"
 
 [project]
@@ -83,55 +86,30 @@ dependencies = [{dependencies}]
 [project.entry-points."molt.envs"]
 "{env_id}" = "{entry_point}"
 
-[tool.hatch.build.targets.wheel]
-packages = ["{module}"]
+[tool.hatch.build.hooks.molt]  # validates the manifest below and ships it in the wheel's metadata
 
-# Ship this file in the wheel's .dist-info: registries read the manifest below without importing the env.
-[tool.hatch.build.targets.wheel.extra-metadata]
-"pyproject.toml" = "molt/pyproject.toml"
-
-[[tool.molt.env]]
-id = "{env_id}"
-entry_point = "{entry_point}"
+[tool.molt.env]  # its ID and entry point are the entry point's; the keys and prompt below hold for every split
 kind = "{kind}"
 description = "{description}"
 tags = ["echo", "single-turn", "text"]
 license = "Apache-2.0"
 reward_range = [0.0, 1.0]
 max_turns = 1
-deterministic = true
-{splits}
-[tool.pytest.ini_options]
-pythonpath = ["."]
-"""
-
-SPLIT = """[tool.molt.env.datasets.{split}]
-path = "data/{split}.jsonl"
 input_key = "text"
 label_key = "text"
 reference_key = "text"
 prompt_template = "Repeat the following text exactly and write nothing else:\\n{{input}}"
+datasets.train.path = "data/train.jsonl"
+datasets.test.path = "data/test.jsonl"
 """
 
-TEST_MODULE = '''"""Conformance of ``{env_id}`` straight from the source tree (run ``pytest`` in the package directory)."""
+TEST_MODULE = '''"""``{env_id}`` as installed (`pip install -e .`, then `pytest`)."""
 
-from pathlib import Path
-
-from env_registry.datasets import load_split
-from env_registry.manifest import EnvSpec, read_pyproject_manifests
-from molt_envs.conformance import check_env
-
-from {module}.{module_file} import {cls}
-
-ROOT = Path(__file__).resolve().parents[1]
-MANIFEST = read_pyproject_manifests(ROOT / "pyproject.toml")[0]
+from env_registry import check_env
 
 
 def test_conformance():
-    rows = load_split(EnvSpec(**MANIFEST.model_dump()), "train", limit=3)
-    report = check_env({cls}, rows, subject=MANIFEST.id, kind=MANIFEST.kind, reward_range=MANIFEST.reward_range,
-                       deterministic=MANIFEST.deterministic)
-    assert report.passed, report.render()
+    check_env("{env_id}").assert_passed()
 {extra_test}'''
 
 ENV_EXTRA_TEST = """
@@ -139,10 +117,10 @@ ENV_EXTRA_TEST = """
 def test_reward_is_exact_match():
     import asyncio
 
+    from {module}.{module_file} import {cls}
+
     def reward(action: str) -> float:
-        state = {{"observation_text": "", "action_text": action, "label": "hello world", "sampling_params": None,
-                 "turn": 0, "images": []}}
-        return asyncio.run({cls}().step(state)).reward
+        return asyncio.run({cls}().step({{"action_text": action, "label": "hello world"}})).reward
 
     assert reward("hello world<|im_end|>") == 1.0
     assert reward("Hello world") == 0.0
@@ -154,7 +132,7 @@ README = """# {package}
 
 ```bash
 molt-env check .                                   # conformance on this source tree
-pytest                                             # the package's own tests
+pip install -e . && pytest                         # the package's own tests, on it as installed
 molt-env build .                                   # wheel + sdist + content hash into dist/
 molt-env publish . --registry ~/.molt/registry     # or --registry http://host:8080 --token $MOLT_TOKEN
 molt-env install {env_id} --registry ~/.molt/registry
@@ -195,7 +173,7 @@ def init(directory: str | Path, env_id: str, kind: str = "env", package: str | N
         entry_point=f"{module}.{module_file}:{cls}",
     )
     files = {
-        "pyproject.toml": PYPROJECT.format(**fields, splits="".join(SPLIT.format(split=s) for s in ("train", "test"))),
+        "pyproject.toml": PYPROJECT.format(**fields),
         f"{module}/__init__.py": f'"""The ``{parsed.unpinned}`` environment package."""\n',
         f"{module}/{module_file}.py": (ENV_MODULE if kind == "env" else AGENT_MODULE).format(**fields),
         f"{module}/data/train.jsonl": _jsonl(SAMPLE_TEXTS[:8]),

@@ -1,14 +1,13 @@
 """``molt-env check ./my_env``: validate a source tree's manifests, then run the conformance checks on it.
 
-The envs are imported from the source tree in a child interpreter (the tree first on ``sys.path``, each manifest
-registered at run time), so checking never installs anything and never touches this process's registry.
+The envs are imported from the source tree in a child interpreter (the tree first on ``sys.path``; each manifest's
+spec checked as the source states it), so checking never installs anything and never touches a registry.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import warnings
 from pathlib import Path
 
 from env_registry.build import read_source
@@ -34,9 +33,10 @@ def check_source(root: str | Path) -> tuple[bool, str]:
 
 
 def _check_in_this_process(root: Path) -> int:
-    """Child side: import from ``root``, register its manifests, print each report; exit 1 on any failure."""
+    """Child side: import from ``root``, check each manifest's spec as the source states it; print each report and
+    exit 1 on any failure."""
     from env_registry.conformance import check
-    from env_registry.registry import registry
+    from env_registry.manifest import EnvSpec
 
     for path in (root / "src", root):
         if path.is_dir():
@@ -44,12 +44,7 @@ def _check_in_this_process(root: Path) -> int:
     passed = True
     source = read_source(root)
     for manifest in source.manifests:
-        fields = manifest.model_dump(exclude={"id", "entry_point"})
-        fields.update(package=source.name, package_version=source.version)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # overriding an installed copy of the same ID is the point here
-            registry.register(manifest.id, manifest.entry_point, **fields)
-        report = check(manifest.id)
+        report = check(EnvSpec(**manifest.model_dump(), package=source.name, package_version=source.version))
         print(report.render())
         passed &= report.passed
     return 0 if passed else 1

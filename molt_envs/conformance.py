@@ -39,6 +39,19 @@ class CheckReport:
         self.checks.append(Check(name, passed, detail))
         return passed
 
+    def assert_passed(self) -> CheckReport:
+        """For tests: raise unless every check passed.
+
+        Returns:
+            The report itself.
+
+        Raises:
+            AssertionError: with the rendered report, if a check failed (or none ran).
+        """
+        if not self.passed:
+            raise AssertionError(self.render())
+        return self
+
     def render(self) -> str:
         lines = [f"conformance report for {self.subject}"]
         lines += [
@@ -53,12 +66,24 @@ def check_env(
     factory: Callable[[], Any],
     rows: Sequence[dict[str, Any]],
     *,
-    subject: str,
+    subject: str | None = None,
     kind: str = "env",
     reward_range: tuple[float, float] = (-math.inf, math.inf),
     deterministic: bool = False,
 ) -> CheckReport:
-    """Run every check; ``rows`` are dataset rows with ``prompt``, ``label`` and optionally ``reference``."""
+    """Run every check on the instances a factory makes (``env_registry.check_env`` checks an env ID or spec).
+
+    Args:
+        factory: makes a fresh ``Env`` or ``ChatAgent`` per call (an env class is one).
+        rows: dataset rows with ``prompt``, ``label`` and optionally ``reference``.
+        subject: names the env in the report (default: the factory's name).
+        kind: ``"env"`` or ``"chat_agent"``. reward_range: the declared range every reward must lie in.
+        deterministic: the env declares that one action always earns one reward (checked twice per action).
+
+    Returns:
+        The report: one entry per check, none short-circuiting the rest.
+    """
+    subject = subject or getattr(factory, "__qualname__", repr(factory))
     return asyncio.run(_check(factory, list(rows), subject, kind, reward_range, deterministic))
 
 

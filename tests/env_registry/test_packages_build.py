@@ -9,7 +9,7 @@ import tarfile
 import zipfile
 
 import pytest
-from packaging_support import run_cli
+from packaging_support import hatch_build, run_cli
 
 from env_registry import names
 from env_registry.artifacts import InvalidArtifact, content_hash, inspect_release
@@ -92,26 +92,34 @@ def test_the_hash_ignores_archive_timestamps_and_order(echo, tmp_path):
     assert content_hash(repacked) == echo.releases["1.0.0"].content_hash
 
 
+MANIFEST = 'kind = "env"\n'  # the manifest's first line: more fields go after it
+
+
 @pytest.mark.parametrize(
-    ("edit", "expected"),
+    ("edits", "expected"),
     [
-        (("reward_range = [0.0, 1.0]", "reward_range = [1.0, 0.0]"), ["field 'reward_range'", "[1.0, 0.0]"]),
-        (('id = "acme/bad-v1"', 'id = "acme/../bad-v1"'), ["field 'id'", "'acme/../bad-v1'"]),
-        (('version = "0.1.0"', 'version = "not-a-version"'), ["'not-a-version'", "PEP 440"]),
-        (('name = "acme-bad"', 'name = "acme/../bad"'), ["package name", "'acme/../bad'"]),
-        (
-            ('"acme/bad-v1" = "acme_bad.env:BadEnv"', '"acme/other-v1" = "acme_bad.env:BadEnv"'),
+        ([("reward_range = [0.0, 1.0]", "reward_range = [1.0, 0.0]")], ["field 'reward_range'", "[1.0, 0.0]"]),
+        ([(MANIFEST, MANIFEST + 'id = "acme/../bad-v1"\n')], ["field 'id'", "'acme/../bad-v1'"]),
+        ([('version = "0.1.0"', 'version = "not-a-version"')], ["'not-a-version'", "PEP 440"]),
+        ([('name = "acme-bad"', 'name = "acme/../bad"')], ["package name", "'acme/../bad'"]),
+        (  # the long form states the ID and entry point in the manifest too: they must match the entry points
+            [
+                (MANIFEST, MANIFEST + 'id = "acme/bad-v1"\nentry_point = "acme_bad.env:BadEnv"\n'),
+                ('"acme/bad-v1" = "acme_bad.env:BadEnv"', '"acme/other-v1" = "acme_bad.env:BadEnv"'),
+            ],
             ["'acme/bad-v1'", 'add "acme/bad-v1" = "acme_bad.env:BadEnv"'],
         ),
     ],
 )
-def test_manifest_validation_at_build_names_field_and_value(tmp_path, edit, expected):
+def test_manifest_validation_at_build_names_field_and_value(tmp_path, edits, expected):
     src = tmp_path / "bad"
     assert run_cli("init", str(src), "--id", "acme/bad-v1").returncode == 0
     pyproject = src / "pyproject.toml"
     text = pyproject.read_text()
-    assert edit[0] in text
-    pyproject.write_text(text.replace(edit[0], edit[1], 1))
+    for old, new in edits:
+        assert old in text
+        text = text.replace(old, new, 1)
+    pyproject.write_text(text)
     out = run_cli("build", str(src))
     assert out.returncode == 2, out.stdout
     for needle in expected:
@@ -123,9 +131,21 @@ def test_a_wheel_without_the_shipped_manifest_is_refused(tmp_path):
     src = tmp_path / "nometa"
     assert run_cli("init", str(src), "--id", "acme/nometa-v1").returncode == 0
     pyproject = src / "pyproject.toml"
-    pyproject.write_text(pyproject.read_text().replace('"pyproject.toml" = "molt/pyproject.toml"', ""))
+    text = pyproject.read_text()
+    assert "[tool.hatch.build.hooks.molt]" in text
+    pyproject.write_text(text.replace("[tool.hatch.build.hooks.molt]", ""))
     with pytest.raises(ManifestError, match="extra-metadata"):
         build(src, tmp_path / "out")
+
+
+def test_the_build_hook_validates_the_manifest_whoever_builds(tmp_path):
+    src = tmp_path / "hooked"
+    assert run_cli("init", str(src), "--id", "acme/hooked-v1").returncode == 0
+    pyproject = src / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text().replace("reward_range = [0.0, 1.0]", "reward_range = [1.0, 0.0]"))
+    with pytest.raises(ManifestError, match=r"field 'reward_range'.*\[1\.0, 0\.0\]"):
+        hatch_build(src, tmp_path / "out")  # hatchling itself, as pip or `python -m build` run it
+    assert not list((tmp_path / "out").glob("*.whl"))
 
 
 def test_source_without_pyproject_or_with_dynamic_version(tmp_path):

@@ -224,7 +224,7 @@ def test_uploads_with_bad_names_or_manifests_are_400(server, echo, tmp_path):
         good.wheel,
         tmp_path / good.wheel.name,
         "extra_metadata/molt/pyproject.toml",
-        lambda text: text.replace('id = "acme/echo-v1"', 'id = "../../evil-v1"'),
+        lambda text: text.replace('"acme/echo-v1" = ', '"../../evil-v1" = '),  # the manifest takes its id from here
     )
     bad = upload(good.wheel.name, evil_manifest.read_bytes())
     assert bad.status_code == 400 and "field 'id'" in bad.json()["detail"] and "../../evil-v1" in bad.json()["detail"]

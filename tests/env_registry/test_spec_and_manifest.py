@@ -10,7 +10,7 @@ import pytest
 
 import env_registry
 from env_registry import EnvSpec, ManifestError, manifest_json_schema
-from env_registry.manifest import manifests_from_pyproject
+from env_registry.manifest import manifests_from_catalog, manifests_from_pyproject
 
 GOOD = """
 [tool.molt.env]
@@ -88,3 +88,74 @@ def test_every_builtin_manifest_validates_and_resolves():
         assert spec.package == "molt-ecosystem"
         for split in spec.datasets:
             assert env_registry.count_rows(spec, split) > 0
+
+
+SHORT = """
+[project.entry-points."molt.envs"]
+"acme/echo-v1" = "acme_echo.env:EchoEnv"
+[tool.molt.env]
+input_key = "question"
+label_key = "answer"
+prompt_template = "{input}!"
+datasets.train.path = "data/train.jsonl"
+datasets.test = { path = "data/test.jsonl", prompt_template = "{input}?" }
+"""
+
+LONG = """
+[tool.molt.env]
+id = "acme/echo-v1"
+entry_point = "acme_echo.env:EchoEnv"
+[tool.molt.env.datasets.train]
+path = "data/train.jsonl"
+input_key = "question"
+label_key = "answer"
+prompt_template = "{input}!"
+[tool.molt.env.datasets.test]
+path = "data/test.jsonl"
+input_key = "question"
+label_key = "answer"
+prompt_template = "{input}?"
+"""
+
+
+def test_the_short_form_makes_the_manifest_the_long_form_does():
+    (short,) = manifests_from_pyproject(SHORT, "short.toml")
+    (long,) = manifests_from_pyproject(LONG, "long.toml")
+    assert short == long
+    assert short.datasets["train"].prompt_template == "{input}!"  # the shared default
+    assert short.datasets["test"].prompt_template == "{input}?"  # a split's own value wins
+    assert EnvSpec(**short.model_dump()).hash == EnvSpec(**long.model_dump()).hash
+
+
+def test_an_explicit_entry_point_is_kept_and_an_id_is_derived_only_from_a_single_entry_point():
+    explicit = SHORT.replace("[tool.molt.env]\n", '[tool.molt.env]\nentry_point = "other.mod:Env"\n')
+    assert manifests_from_pyproject(explicit, "p.toml")[0].entry_point == "other.mod:Env"
+    two = SHORT.replace('"acme/echo-v1" = ', '"acme/echo-v2" = "acme_echo.env:Echo2"\n"acme/echo-v1" = ')
+    with pytest.raises(ManifestError) as info:
+        manifests_from_pyproject(two, "p.toml")
+    assert "field 'id': Field required; give the env ID" in str(info.value)
+    (named,) = manifests_from_pyproject(two.replace("[tool.molt.env]\n", '[tool.molt.env]\nid = "acme/echo-v2"\n'), "p")
+    assert (named.id, named.entry_point) == ("acme/echo-v2", "acme_echo.env:Echo2")
+
+
+def test_an_id_without_an_entry_point_says_what_to_add():
+    text = SHORT.replace("[tool.molt.env]\n", '[tool.molt.env]\nid = "acme/echo-v9"\n')
+    with pytest.raises(ManifestError) as info:
+        manifests_from_pyproject(text, "p.toml")
+    assert """field 'entry_point': Field required; add "acme/echo-v9" = "package.module:Class" to""" in str(info.value)
+
+
+def test_split_defaults_without_splits_are_refused():
+    text = SHORT.split("datasets.train")[0]
+    with pytest.raises(ManifestError, match=r"\['input_key', 'label_key', 'prompt_template'\] are defaults for the"):
+        manifests_from_pyproject(text, "p.toml")
+    with pytest.raises(ManifestError, match=r"field 'datasets.train.input_key'.*\(got 3\)"):
+        manifests_from_pyproject(SHORT.replace('input_key = "question"', "input_key = 3"), "p.toml")
+
+
+def test_a_catalog_takes_entry_points_from_its_package():
+    catalog = '[[env]]\nid = "acme/a-v1"\n[[env]]\nid = "acme/b-v1"\nentry_point = "acme.b:B"\n'
+    a, b = manifests_from_catalog(catalog, "catalog.toml", {"acme/a-v1": "acme.a:A", "acme/b-v1": "acme.b:B"})
+    assert (a.entry_point, b.entry_point) == ("acme.a:A", "acme.b:B")
+    with pytest.raises(ManifestError, match="field 'entry_point'"):
+        manifests_from_catalog(catalog, "catalog.toml")
