@@ -24,6 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from molt_train.runtime import cpu_threads
+
 if TYPE_CHECKING:
     from molt_train.config import RLConfig
 
@@ -79,7 +81,7 @@ def plan_placement(cfg: RLConfig, cluster_gpus: float, host_cpus: int) -> Placem
     overlap = 0 if cfg.train.force_sync_mode else 1  # rollout overlaps training: they split the cores
 
     def threads(concurrent: int) -> int:
-        return cfg.actor.num_threads or max(1, host_cpus // max(concurrent, 1))
+        return cpu_threads(cfg.actor.num_threads, concurrent, host_cpus)
 
     plan: dict[str, Any] = {
         "trainer_gpus": trainer_gpus,

@@ -31,3 +31,9 @@ def init_ray(ray_cfg: RayConfig) -> None:
             include_dashboard=False,
             runtime_env={"env_vars": QUIET},
         )
+
+
+def cpu_threads(num_threads: int, concurrent: int, host_cpus: int | None = None) -> int:
+    """``--actor.num_threads`` when set, else the host's cores shared by the ``concurrent`` processes that compute at
+    the same time (a Ray actor would otherwise get one thread)."""
+    return num_threads or max(1, (host_cpus or os.cpu_count() or 1) // max(concurrent, 1))

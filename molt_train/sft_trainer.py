@@ -18,7 +18,7 @@ from molt_train.config import SFTConfig
 from molt_train.data import PromptSampler, encode_sft, load_rows
 from molt_train.experience import Experience
 from molt_train.metrics import MetricsLogger
-from molt_train.runtime import init_ray, quiet
+from molt_train.runtime import cpu_threads, init_ray, quiet
 from molt_train.worker_group import WorkerGroup
 
 
@@ -53,7 +53,10 @@ class SFTTrainer:
         self.encoded = [encode_sft(tokenizer, r["prompt"], r["reference"], cfg.data.max_len) for r in rows]
         self.sampler = PromptSampler(len(self.encoded), cfg.train.batch_size, cfg.train.seed)
         init_ray(cfg.ray)
-        self.policy = WorkerGroup(cfg.actor, cfg.train, str(self.model_path), total_steps=cfg.train.num_steps)
+        threads = cpu_threads(cfg.actor.num_threads, cfg.actor.num_workers)
+        self.policy = WorkerGroup(
+            cfg.actor, cfg.train, str(self.model_path), total_steps=cfg.train.num_steps, num_threads=threads
+        )
         if self.resumed_from is not None:
             self.policy.call("load_state", directory=str(self.resumed_from))
 
