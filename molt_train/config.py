@@ -27,7 +27,7 @@ from molt_train.flags import ConfigError, group, option
 
 __all__ = ["COMMANDS", "ConfigError", "EvalCommandConfig", "RLConfig", "SFTConfig", "parse"]
 
-RL, TRAINING = ("rl",), ("rl", "sft")  # the commands that read a field (default: every command with its group)
+RL = ("rl",)  # the commands that read a field (default: every command with its group)
 GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "grpo", "dr_grpo")
 
 
@@ -69,7 +69,7 @@ class ActorConfig:
     """The policy: its checkpoint, FSDP2 ranks, optimizer, schedule and policy loss."""
 
     model_name_or_path: str | None = option(None, "HF checkpoint directory of the policy")
-    num_workers: int = option(1, "FSDP2 trainer processes (gloo on CPU, NCCL on GPU)", minimum=1, commands=TRAINING)
+    num_workers: int = option(1, "FSDP2 trainer processes (gloo on CPU, NCCL on GPU)", minimum=1)
     num_gpus_per_node: int = option(
         0, "GPUs for the trainer (one FSDP2 rank each; sets --actor.num_workers); 0 = --actor.num_workers", commands=RL
     )
@@ -77,46 +77,35 @@ class ActorConfig:
         "hf",
         "policy model library: hf (transformers) | automodel (NeMo AutoModel; needs CUDA and nemo_automodel)",
         choices=BACKENDS,
-        commands=TRAINING,
     )
-    freeze_moe_router: bool = option(
-        False, "keep MoE router weights at their checkpoint values (MoE models only)", commands=TRAINING
-    )
-    adam: AdamConfig = group(AdamConfig, commands=TRAINING)
-    lr_warmup_ratio: float = option(
-        0.0, "linear LR warm-up over this fraction of the optimizer steps", minimum=0, commands=TRAINING
-    )
+    freeze_moe_router: bool = option(False, "keep MoE router weights at their checkpoint values (MoE models only)")
+    adam: AdamConfig = group(AdamConfig)
+    lr_warmup_ratio: float = option(0.0, "linear LR warm-up over this fraction of the optimizer steps", minimum=0)
     lr_scheduler: str = option(
         "constant",
         "after warm-up: constant | cosine (decay to --actor.min_lr_ratio)",
         choices=("constant", "cosine"),
-        commands=TRAINING,
     )
-    min_lr_ratio: float = option(
-        0.0, "cosine schedule floor, as a fraction of the learning rate", minimum=0, commands=TRAINING
-    )
-    max_norm: float = option(1.0, "gradient clipping norm (0 = off)", minimum=0, commands=TRAINING)
+    min_lr_ratio: float = option(0.0, "cosine schedule floor, as a fraction of the learning rate", minimum=0)
+    max_norm: float = option(1.0, "gradient clipping norm (0 = off)", minimum=0)
     logprob_chunk_size: int = option(
-        1024, "positions per log-prob chunk (bounds the fp32 vocab logits alive)", minimum=1, commands=TRAINING
+        1024, "positions per log-prob chunk (bounds the fp32 vocab logits alive)", minimum=1
     )
-    gradient_checkpoint: bool = option(False, "recompute decoder layers in backward", commands=TRAINING)
+    gradient_checkpoint: bool = option(False, "recompute decoder layers in backward")
     param_dtype: str = option(
         "bfloat16",
         "GPU compute dtype: FSDP2 mixed precision over fp32 master weights; CPU always computes in float32",
         choices=("bfloat16", "float32"),
-        commands=TRAINING,
     )
     compile: bool = option(
         False,
         "torch.compile each decoder layer and the log-prob chunk (GPU: 48 percent training MFU at 0.6B on an "
         "H200, 2.3x eager; the first step pays ~1 min compiling)",
-        commands=TRAINING,
     )
     num_threads: int = option(
         0,
         "torch CPU threads per trainer process (0 = the host's cores / concurrent processes)",
         minimum=0,
-        commands=TRAINING,
     )
     loss_mode: str = option("ppo", "policy loss", choices=POLICY_LOSSES, commands=RL)
     eps_clip_low_high: tuple[float, float] = option((0.2, 0.2), "PPO clip range below/above 1", commands=RL)
@@ -137,14 +126,12 @@ class RefConfig:
 class DataConfig:
     """Training rows: the env's split or a JSONL file, and the context length."""
 
-    prompt_dataset: str | None = option(
-        None, "JSONL file of prompts, overriding the env's train split", commands=TRAINING
-    )
-    input_key: str = option("input", "prompt field of --data.prompt_dataset rows", commands=TRAINING)
-    label_key: str = option("label", "label field of --data.prompt_dataset rows", commands=TRAINING)
+    prompt_dataset: str | None = option(None, "JSONL file of prompts, overriding the env's train split")
+    input_key: str = option("input", "prompt field of --data.prompt_dataset rows")
+    label_key: str = option("label", "label field of --data.prompt_dataset rows")
     output_key: str = option("output", "reference completion field of --data.prompt_dataset rows", commands=("sft",))
-    split: str = option("train", "env split to train on", commands=TRAINING)
-    max_samples: int | None = option(None, "train on at most this many rows", minimum=1, commands=TRAINING)
+    split: str = option("train", "env split to train on")
+    max_samples: int | None = option(None, "train on at most this many rows", minimum=1)
     max_len: int = option(1024, "total context (prompt + generated) in tokens", minimum=2)
 
 
@@ -250,15 +237,11 @@ class TrainConfig:
     """The training loop: steps, batches, the async queue, placement and weight sync."""
 
     agent_path: str | None = option(None, "agent .py exporting AgentRunner (overrides the env's runner)")
-    seed: int = option(42, "seed for data order, sampling and init", commands=TRAINING)
-    num_steps: int = option(20, "training steps (rl: one rollout batch each)", commands=TRAINING)
-    batch_size: int = option(
-        0, "rows per optimizer step (rl: 0 = the whole rollout batch)", minimum=0, commands=TRAINING
-    )
-    micro_batch_size: int = option(64, "rows per micro-batch at most", minimum=1, commands=TRAINING)
-    max_tokens_per_gpu: int = option(
-        8192, "padded tokens per micro-batch at most (token budget)", minimum=1, commands=TRAINING
-    )
+    seed: int = option(42, "seed for data order, sampling and init")
+    num_steps: int = option(20, "training steps (rl: one rollout batch each)")
+    batch_size: int = option(0, "rows per optimizer step (rl: 0 = the whole rollout batch)", minimum=0)
+    micro_batch_size: int = option(64, "rows per micro-batch at most", minimum=1)
+    max_tokens_per_gpu: int = option(8192, "padded tokens per micro-batch at most (token budget)", minimum=1)
     max_epochs: int = option(1, "passes over each rollout batch", minimum=1, commands=RL)
     async_queue_size: int = option(
         1, "rollout batches in flight ahead of training (rollout k+1 overlaps step k)", minimum=1, commands=RL
@@ -519,10 +502,10 @@ class EvalCommandConfig:
     """``molt-train eval``: a checkpoint's accuracy on an env's held-out split."""
 
     env: str | None = option(None, "registered env ID (ns/name-vN); its --eval.split gives the rows")
-    actor: ActorConfig = group(ActorConfig)
-    data: DataConfig = group(DataConfig)
-    rollout: RolloutConfig = group(RolloutConfig)
-    train: TrainConfig = group(TrainConfig)
+    actor: ActorConfig = group(ActorConfig, only=("model_name_or_path",))
+    data: DataConfig = group(DataConfig, only=("max_len",))
+    rollout: RolloutConfig = group(RolloutConfig, only=("max_new_tokens", "timeout_s", "max_batch_size"))
+    train: TrainConfig = group(TrainConfig, only=("agent_path",))
     eval: EvalConfig = group(EvalConfig)
 
     def __post_init__(self) -> None:

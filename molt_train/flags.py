@@ -39,10 +39,13 @@ def option(
     return dataclasses.field(default=default, metadata=meta)
 
 
-def group(cls: type, *, commands: tuple[str, ...] | None = None, **defaults: Any) -> Any:
-    """A field holding the flag group ``cls``; ``defaults`` override the group's own (a command's other defaults)."""
+def group(
+    cls: type, *, commands: tuple[str, ...] | None = None, only: tuple[str, ...] | None = None, **defaults: Any
+) -> Any:
+    """A field holding the flag group ``cls``. ``only``: the group's fields this command reads (default: those the
+    fields' own ``commands`` allow); ``defaults`` override the group's own (a command's other defaults)."""
     factory = functools.partial(cls, **defaults) if defaults else cls
-    return dataclasses.field(default_factory=factory, metadata={"group": True, "commands": commands})
+    return dataclasses.field(default_factory=factory, metadata={"group": True, "commands": commands, "only": only})
 
 
 @dataclass(frozen=True)
@@ -61,19 +64,21 @@ class Flag:
 
 def flags(cls: type, command: str) -> Iterator[Flag]:
     """Every flag of the command config ``cls`` that ``command`` reads, in declaration order."""
-    yield from _walk(cls, None, "", command, "")
+    yield from _walk(cls, None, "", command, "", None)
 
 
-def _walk(cls: type, instance: Any, prefix: str, command: str, top: str) -> Iterator[Flag]:
+def _walk(
+    cls: type, instance: Any, prefix: str, command: str, top: str, only: tuple[str, ...] | None
+) -> Iterator[Flag]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         scope = f.metadata.get("commands")
-        if scope is not None and command not in scope:
+        if (scope is not None and command not in scope) or (only is not None and f.name not in only):
             continue
         name = prefix + f.name
         if f.metadata.get("group"):
             default = getattr(instance, f.name) if instance is not None else f.default_factory()
-            yield from _walk(type(default), default, name + ".", command, top or f.name)
+            yield from _walk(type(default), default, name + ".", command, top or f.name, f.metadata.get("only"))
             continue
         if "help" not in f.metadata:
             continue  # a plain field of the dataclass, not a flag
