@@ -76,7 +76,7 @@ def run_molt(init: Path, args: argparse.Namespace, seed: int, out: Path, test_ro
     from trl_baseline import greedy_accuracy
 
     from molt_train.config import parse
-    from molt_train.trainer import RLTrainer
+    from molt_train.rl_trainer import RLTrainer
 
     shutil.rmtree(out, ignore_errors=True)  # metrics.jsonl appends: a rerun must not count the last run's steps
     t0 = time.perf_counter()
@@ -194,7 +194,7 @@ def main() -> int:
     from trl_baseline import greedy_accuracy, run_trl
 
     import env_registry
-    from molt_train.trainer import quiet
+    from molt_train.runtime import quiet
 
     quiet()
     torch.set_num_threads(args.threads)

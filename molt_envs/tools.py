@@ -3,6 +3,11 @@
 Each tool is an OpenAI function schema plus an async callable. A ``ToolBox`` holds one sandbox session for one
 episode (optionally a persistent REPL, so variables survive between calls) and formats what the code printed for
 the model, cutting long output with a visible marker. Nothing here blocks the event loop.
+
+What the model did wrong (an error, a timeout, a limit) comes back as text for the model. A failure of the sandbox
+itself (``infra_error``: a worker died, twice) is not the model's doing and is never shown to it: the call raises
+``ToolInfraError``, which ends the episode as a failure the runners record (stage ``sandbox``), so it is counted
+and dropped, never turned into reward.
 """
 
 from __future__ import annotations
@@ -39,6 +44,12 @@ SHELL: dict[str, Any] = {
 }
 
 
+class ToolInfraError(sandboxes.SandboxError):
+    """Raised by a ``ToolBox`` tool when the sandbox itself failed (status ``infra_error``), instead of an answer."""
+
+    failure_stage = "sandbox"  # the runners record the episode's failure under this stage, wherever it happened
+
+
 def truncate_for_model(text: str, max_chars: int) -> str:
     """Keep the head and the tail; the middle becomes a marker saying how much was cut."""
     if len(text) <= max_chars:
@@ -48,7 +59,13 @@ def truncate_for_model(text: str, max_chars: int) -> str:
 
 
 def format_result(result: sandboxes.Result, max_chars: int) -> str:
-    """What the model sees: stdout, then stderr, then a status line when the run did not finish cleanly."""
+    """What the model sees: stdout, then stderr, then a status line when the run did not finish cleanly.
+
+    Raises:
+        ToolInfraError: the sandbox failed (``infra_error``); there is nothing the model should see.
+    """
+    if result.infra_error:
+        raise ToolInfraError(f"the {result.provider or 'sandbox'} sandbox failed: {result.stderr.strip()[:500]}")
     parts = [result.stdout.rstrip("\n")] if result.stdout else []
     if result.stderr:
         parts.append(result.stderr.rstrip("\n"))
@@ -102,7 +119,11 @@ class ToolBox:
         return format_result(await sandbox.exec(["sh", "-c", command]), self.max_chars)
 
     async def call(self, name: str, arguments: dict[str, Any] | str) -> str:
-        """Dispatch a model's tool call; a bad call comes back as an error message for the model, never raised."""
+        """Dispatch a model's tool call; a bad call comes back as an error message for the model, never raised.
+
+        Raises:
+            ToolInfraError: the sandbox itself failed.
+        """
         if isinstance(arguments, str):
             try:
                 arguments = json.loads(arguments)

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from molt_train.policy_worker import WorkerGroup
+from molt_train.worker_group import WorkerGroup
 
 
 def checkpoints_dir(output_dir: str | Path) -> Path:

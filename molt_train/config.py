@@ -1,401 +1,581 @@
-"""Dotted CLI flags (``--actor.adam.lr 1e-3``) parsed with argparse into nested namespaces (``cfg.actor.adam.lr``).
+"""The trainer's configuration: one frozen dataclass per flag group, one per command, validated in one place.
 
-One table per command lists its flags; ``parse`` builds the parser, turns the dots into nesting, fills dependent
-defaults and refuses combinations that would silently train the wrong thing, with an error naming the flags.
+Every flag is declared once, as a field of its group (type, default, help: ``flags.option``), and keeps that name
+from the command line to the worker that reads it: ``--actor.eps_clip_low_high`` is ``cfg.actor.eps_clip_low_high``
+in the controller, in the Ray actors (which receive the group objects themselves) and in the loss. The command
+configs (``RLConfig``, ``SFTConfig``, ``EvalCommandConfig``) hold the groups their command reads; building one fills
+the dependent defaults and refuses combinations that would silently train the wrong thing, with a ``ConfigError``
+naming the flags. ``parse(command, argv)`` is the command line's way in (a refused value exits with status 2).
+
+To add a flag: a field in its group. To add a group (``--critic.*``): a frozen dataclass here, a ``group(...)``
+field in the command configs that read it, its cross-flag rules in that command's ``_validate``.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib.util
-import re
 from collections.abc import Sequence
-from dataclasses import replace
-from types import SimpleNamespace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from molt_train import flags
 from molt_train.actor_backend import AUTOMODEL_INSTALL_HINT, BACKENDS
-from molt_train.algorithms import (
-    ESTIMATORS,
-    IS_LEVELS,
-    IS_MODES,
-    KL_ESTIMATORS,
-    LOSS_AGG_MODES,
-    POLICY_LOSSES,
-    RewardShaping,
-    validate_is_config,
-)
-from molt_train.engines.vllm import VLLM_FLAGS, VLLM_INSTALL_HINT, VLLMOptions
+from molt_train.algorithms import ESTIMATORS, IS_LEVELS, IS_MODES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from molt_train.engines.vllm import VLLM_INSTALL_HINT
+from molt_train.engines.weight_buckets import BUCKET_BYTES
+from molt_train.flags import ConfigError, group, option
 
+__all__ = ["COMMANDS", "ConfigError", "EvalCommandConfig", "RLConfig", "SFTConfig", "parse"]
+
+RL = ("rl",)  # the commands that read a field (default: every command with its group)
 GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "grpo", "dr_grpo")
 
-# (flag, type, default, help); type bool = a switch, a tuple type = (element type, nargs)
-_Flag = tuple[str, Any, Any, str]
 
-MODEL_FLAGS: list[_Flag] = [
-    ("--model.config", str, None, "build a model from scratch: 'tiny' (tokenizer trained on the env's train split)"),
-    ("--model.hidden_size", int, 64, "tiny model width"),
-    ("--model.num_layers", int, 2, "tiny model depth"),
-    ("--model.num_heads", int, 4, "tiny model attention heads"),
-    ("--model.intermediate_size", int, 0, "tiny model MLP width (0 = 4 x hidden_size)"),
-    ("--model.vocab_size", int, 512, "tiny tokenizer vocabulary (byte-level BPE, one token per digit)"),
-]
+# -- the flag groups --
 
-COMMON_FLAGS: list[_Flag] = [
-    ("--env", str, None, "registered env ID (ns/name-vN); its train split gives prompts and labels"),
-    ("--ray.address", str, None, "join this Ray cluster; default: start a local instance"),
-    ("--ray.num_cpus", int, None, "CPUs of the local Ray instance (default: all)"),
-    ("--actor.model_name_or_path", str, None, "HF checkpoint directory of the policy"),
-    ("--actor.num_workers", int, 1, "FSDP2 trainer processes (gloo on CPU, NCCL on GPU)"),
-    (
-        "--actor.backend",
-        str,
+
+@dataclass(frozen=True)
+class RayConfig:
+    """The Ray cluster the run's actors are placed on."""
+
+    address: str | None = option(None, "join this Ray cluster; default: start a local instance")
+    num_cpus: int | None = option(None, "CPUs of the local Ray instance (default: all)", minimum=1)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model built from scratch (the tokenizer is trained on the env's train split)."""
+
+    config: str | None = option(None, "build a model from scratch: 'tiny'", choices=("tiny",))
+    hidden_size: int = option(64, "tiny model width", minimum=1)
+    num_layers: int = option(2, "tiny model depth", minimum=1)
+    num_heads: int = option(4, "tiny model attention heads", minimum=1)
+    intermediate_size: int = option(0, "tiny model MLP width (0 = 4 x hidden_size)", minimum=0)
+    vocab_size: int = option(512, "tiny tokenizer vocabulary (byte-level BPE, one token per digit)", minimum=1)
+
+
+@dataclass(frozen=True)
+class AdamConfig:
+    """AdamW of the policy."""
+
+    lr: float = option(1e-6, "AdamW learning rate", minimum=0)
+    betas: tuple[float, float] = option((0.9, 0.95), "AdamW betas")
+    eps: float = option(1e-8, "AdamW eps", minimum=0)
+    weight_decay: float = option(0.0, "AdamW weight decay", minimum=0)
+
+
+@dataclass(frozen=True)
+class ActorConfig:
+    """The policy: its checkpoint, FSDP2 ranks, optimizer, schedule and policy loss."""
+
+    model_name_or_path: str | None = option(None, "HF checkpoint directory of the policy")
+    num_workers: int = option(1, "FSDP2 trainer processes (gloo on CPU, NCCL on GPU)", minimum=1)
+    num_gpus_per_node: int = option(
+        0, "GPUs for the trainer (one FSDP2 rank each; sets --actor.num_workers); 0 = --actor.num_workers", commands=RL
+    )
+    backend: str = option(
         "hf",
-        f"policy model library, one of {BACKENDS}: hf (transformers) | automodel "
-        "(NeMo AutoModel; needs CUDA and nemo_automodel)",
-    ),
-    ("--actor.freeze_moe_router", bool, False, "keep MoE router weights at their checkpoint values (MoE models only)"),
-    ("--actor.adam.lr", float, 1e-6, "AdamW learning rate"),
-    ("--actor.adam.betas", (float, 2), (0.9, 0.95), "AdamW betas"),
-    ("--actor.adam.eps", float, 1e-8, "AdamW eps"),
-    ("--actor.adam.weight_decay", float, 0.0, "AdamW weight decay"),
-    ("--actor.lr_warmup_ratio", float, 0.0, "linear LR warm-up over this fraction of the optimizer steps"),
-    ("--actor.lr_scheduler", str, "constant", "after warm-up: constant | cosine (decay to --actor.min_lr_ratio)"),
-    ("--actor.min_lr_ratio", float, 0.0, "cosine schedule floor, as a fraction of the learning rate"),
-    ("--actor.max_norm", float, 1.0, "gradient clipping norm (0 = off)"),
-    ("--actor.logprob_chunk_size", int, 1024, "positions per log-prob chunk (bounds the fp32 vocab logits alive)"),
-    ("--actor.gradient_checkpoint", bool, False, "recompute decoder layers in backward"),
-    (
-        "--actor.param_dtype",
-        str,
+        "policy model library: hf (transformers) | automodel (NeMo AutoModel; needs CUDA and nemo_automodel)",
+        choices=BACKENDS,
+    )
+    freeze_moe_router: bool = option(False, "keep MoE router weights at their checkpoint values (MoE models only)")
+    adam: AdamConfig = group(AdamConfig)
+    lr_warmup_ratio: float = option(0.0, "linear LR warm-up over this fraction of the optimizer steps", minimum=0)
+    lr_scheduler: str = option(
+        "constant",
+        "after warm-up: constant | cosine (decay to --actor.min_lr_ratio)",
+        choices=("constant", "cosine"),
+    )
+    min_lr_ratio: float = option(0.0, "cosine schedule floor, as a fraction of the learning rate", minimum=0)
+    max_norm: float = option(1.0, "gradient clipping norm (0 = off)", minimum=0)
+    logprob_chunk_size: int = option(
+        1024, "positions per log-prob chunk (bounds the fp32 vocab logits alive)", minimum=1
+    )
+    gradient_checkpoint: bool = option(False, "recompute decoder layers in backward")
+    param_dtype: str = option(
         "bfloat16",
-        "GPU compute dtype: FSDP2 mixed precision over fp32 master weights "
-        "(bfloat16 | float32); CPU always computes in float32",
-    ),
-    (
-        "--actor.compile",
-        bool,
+        "GPU compute dtype: FSDP2 mixed precision over fp32 master weights; CPU always computes in float32",
+        choices=("bfloat16", "float32"),
+    )
+    compile: bool = option(
         False,
-        "torch.compile each decoder layer and the log-prob chunk (GPU: 48 percent training "
-        "MFU at 0.6B on an H200, 2.3x eager; the first step pays ~1 min compiling)",
-    ),
-    (
-        "--actor.num_threads",
-        int,
+        "torch.compile each decoder layer and the log-prob chunk (GPU: 48 percent training MFU at 0.6B on an "
+        "H200, 2.3x eager; the first step pays ~1 min compiling)",
+    )
+    num_threads: int = option(
         0,
         "torch CPU threads per trainer process (0 = the host's cores / concurrent processes)",
-    ),
-    ("--data.prompt_dataset", str, None, "JSONL file of prompts, overriding the env's train split"),
-    ("--data.input_key", str, "input", "prompt field of --data.prompt_dataset rows"),
-    ("--data.label_key", str, "label", "label field of --data.prompt_dataset rows"),
-    ("--data.output_key", str, "output", "reference completion field of --data.prompt_dataset rows (SFT)"),
-    ("--data.split", str, "train", "env split to train on"),
-    ("--data.max_samples", int, None, "use at most this many rows"),
-    ("--data.max_len", int, 1024, "total context (prompt + generated) in tokens"),
-    ("--train.seed", int, 42, "seed for data order, sampling and init"),
-    ("--train.micro_batch_size", int, 64, "rows per micro-batch at most"),
-    ("--train.max_tokens_per_gpu", int, 8192, "padded tokens per micro-batch at most (token budget)"),
-    ("--ckpt.output_dir", str, None, "run directory: metrics, checkpoints, hf/ (the final model)"),
-    ("--ckpt.save_steps", int, 0, "save a resumable checkpoint every N steps (0 = only at the end)"),
-    ("--ckpt.max_num", int, 2, "resumable checkpoints kept"),
-    ("--ckpt.load_enable", bool, False, "resume from the latest checkpoint in --ckpt.output_dir"),
-    ("--eval.split", str, "test", "held-out split for evaluation"),
-    ("--eval.steps", int, 0, "evaluate every N steps (0 = only at the end)"),
-    ("--eval.max_samples", int, None, "evaluate on at most this many rows (sft: 0 skips the final eval)"),
-    ("--eval.max_new_tokens", int, None, "generation budget at eval (default: the rollout's)"),
-    ("--eval.temperature", float, 0.0, "eval sampling temperature (0 = greedy)"),
-    ("--eval.eval_at_start", bool, False, "evaluate before the first step"),
-    ("--logger.progress", bool, True, "rich progress bar on the console"),
-]
+        minimum=0,
+    )
+    loss_mode: str = option("ppo", "policy loss", choices=POLICY_LOSSES, commands=RL)
+    eps_clip_low_high: tuple[float, float] = option((0.2, 0.2), "PPO clip range below/above 1", commands=RL)
+    dual_clip: float | None = option(
+        None, "dual-clip bound c > 1 for negative advantages (off by default)", commands=RL
+    )
+    loss_agg_mode: str = option("token-mean", "how per-token losses become one", choices=LOSS_AGG_MODES, commands=RL)
 
-RL_FLAGS: list[_Flag] = [
-    ("--train.agent_path", str, None, "agent .py exporting AgentRunner (overrides the env's runner)"),
-    ("--train.num_steps", int, 20, "optimizer-step rounds (one rollout batch each)"),
-    ("--train.batch_size", int, 0, "samples per optimizer step (0 = the whole rollout batch)"),
-    ("--train.max_epochs", int, 1, "passes over each rollout batch"),
-    ("--train.async_queue_size", int, 1, "rollout batches in flight ahead of training (rollout k+1 overlaps step k)"),
-    ("--train.force_sync_mode", bool, False, "strictly on-policy: the next rollout starts only after the weight sync"),
-    (
-        "--train.partial_rollout_enable",
-        bool,
-        False,
-        "sync weights while rollouts are in flight: the vllm engine "
-        "pauses them, loads, and resumes on the new weights (needs IS correction)",
-    ),
-    (
-        "--train.colocate_all",
-        bool,
-        False,
-        "trainer ranks, reference and rollout engine share the GPU (fractional Ray "
-        "GPUs); the vllm engine then syncs by CUDA IPC. Without it, --rollout.engine "
-        "vllm gets GPUs of its own and syncs by NCCL broadcast",
-    ),
-    (
-        "--actor.num_gpus_per_node",
-        int,
-        0,
-        "GPUs for the trainer (one FSDP2 rank each; sets --actor.num_workers); 0 = --actor.num_workers",
-    ),
-    (
-        "--train.check_weight_update_equal",
-        bool,
-        False,
-        "after every weight sync compare each engine parameter with "
-        "the trainer's; a stale or unreached one stops the run, named",
-    ),
-    (
-        "--rollout.engine",
-        str,
+
+@dataclass(frozen=True)
+class RefConfig:
+    """The frozen reference model of ``--algo.kl.ref model``."""
+
+    model_name_or_path: str | None = option(None, "frozen reference model (default: the actor checkpoint)")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Training rows: the env's split or a JSONL file, and the context length."""
+
+    prompt_dataset: str | None = option(None, "JSONL file of prompts, overriding the env's train split")
+    input_key: str = option("input", "prompt field of --data.prompt_dataset rows")
+    label_key: str = option("label", "label field of --data.prompt_dataset rows")
+    output_key: str = option("output", "reference completion field of --data.prompt_dataset rows", commands=("sft",))
+    split: str = option("train", "env split to train on")
+    max_samples: int | None = option(None, "train on at most this many rows", minimum=1)
+    max_len: int = option(1024, "total context (prompt + generated) in tokens", minimum=2)
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """Generation: the engine, the batch of prompts and samples, sampling and episode limits."""
+
+    engine: str = option(
         "hf",
-        "rollout engine: hf (transformers; CPU or GPU) | vllm (CUDA; colocated with "
-        "--train.colocate_all, else on GPUs of its own)",
-    ),
-    ("--rollout.batch_size", int, 16, "prompts per rollout batch"),
-    ("--rollout.n_samples_per_prompt", int, 1, "samples per prompt (a group)"),
-    ("--rollout.max_new_tokens", int, 256, "generated tokens per turn at most"),
-    ("--rollout.temperature", float, 1.0, "sampling temperature"),
-    ("--rollout.top_p", float, 1.0, "nucleus sampling"),
-    ("--rollout.top_k", int, -1, "top-k sampling (-1 = off)"),
-    ("--rollout.timeout_s", float, 600.0, "an episode running longer is dropped as 'timeout'"),
-    ("--rollout.max_batch_size", int, 256, "sequences the hf engine decodes together"),
-    ("--actor.loss_mode", str, "ppo", f"policy loss: {sorted(POLICY_LOSSES)}"),
-    ("--actor.eps_clip_low_high", (float, 2), (0.2, 0.2), "PPO clip range below/above 1"),
-    ("--actor.dual_clip", float, None, "dual-clip bound c > 1 for negative advantages (off by default)"),
-    ("--actor.loss_agg_mode", str, "token-mean", f"one of {LOSS_AGG_MODES}"),
-    ("--algo.advantage.estimator", str, "reinforce", f"one of {sorted(ESTIMATORS)}"),
-    ("--algo.advantage.gamma", float, 1.0, "discount (reinforce)"),
-    ("--algo.advantage.no_whiten", bool, False, "skip advantage whitening"),
-    ("--algo.advantage.is_correction_level", str, "off", f"one of {IS_LEVELS}"),
-    ("--algo.advantage.is_correction_mode", str, "mask", f"one of {IS_MODES}"),
-    ("--algo.advantage.is_correction_threshold", (float, "+"), (0.5, 5.0), "[LOW] HIGH band on the IS ratio"),
-    ("--algo.kl.init_coef", float, 0.0, "KL coefficient beta (0 = no KL)"),
-    ("--algo.kl.estimator", str, "k1", f"one of {KL_ESTIMATORS}"),
-    ("--algo.kl.use_loss", bool, False, "KL as a loss term instead of a reward"),
-    ("--algo.kl.ref", str, "rollout", "KL reference: rollout (the sampler's log-probs) | model (a frozen reference)"),
-    ("--ref.model_name_or_path", str, None, "frozen reference model (default: the actor checkpoint)"),
-    ("--algo.dynamic_filtering_enable", bool, False, "drop prompt groups whose mean score is outside the range"),
-    ("--algo.dynamic_filtering_range", (float, 2), (0.0, 1.0), "keep groups with LOW < mean score < HIGH"),
-    ("--reward.clip_range", (float, 2), (-10.0, 10.0), "clip rewards to this range"),
-    ("--reward.overlong_buffer_len", int, 0, "DAPO overlong penalty over the last N tokens of --data.max_len"),
-    ("--reward.overlong_penalty_factor", float, 1.0, "maximum overlong penalty"),
-    ("--reward.stop_properly_penalty_coef", float, None, "truncated rollouts: reward*C (C in [0,1]) or C (C < 0)"),
-]
-
-SFT_FLAGS: list[_Flag] = [
-    ("--train.num_steps", int, 200, "optimizer steps"),
-    ("--train.batch_size", int, 64, "rows per optimizer step"),
-]
-
-EVAL_FLAGS: list[_Flag] = [
-    ("--rollout.max_new_tokens", int, 256, "generated tokens per turn at most"),
-    ("--rollout.max_batch_size", int, 256, "sequences the hf engine decodes together"),
-    ("--rollout.timeout_s", float, 600.0, "an episode running longer is dropped as 'timeout'"),
-    ("--train.agent_path", str, None, "agent .py exporting AgentRunner (overrides the env's runner)"),
-]
-
-COMMAND_FLAGS = {
-    "rl": COMMON_FLAGS + RL_FLAGS + VLLM_FLAGS,
-    "sft": COMMON_FLAGS + MODEL_FLAGS + SFT_FLAGS + EVAL_FLAGS,
-    "eval": COMMON_FLAGS + EVAL_FLAGS,
-}
+        "rollout engine: hf (transformers; CPU or GPU) | vllm (CUDA; colocated with --train.colocate_all, else on "
+        "GPUs of its own)",
+        choices=("hf", "vllm"),
+        commands=RL,
+    )
+    batch_size: int = option(16, "prompts per rollout batch", minimum=1, commands=RL)
+    n_samples_per_prompt: int = option(1, "samples per prompt (a group)", minimum=1, commands=RL)
+    max_new_tokens: int = option(256, "generated tokens per turn at most", minimum=1)
+    temperature: float = option(1.0, "sampling temperature", minimum=0, commands=RL)
+    top_p: float = option(1.0, "nucleus sampling", commands=RL)
+    top_k: int = option(-1, "top-k sampling (-1 = off)", commands=RL)
+    timeout_s: float = option(600.0, "an episode running longer is dropped as 'timeout'", minimum=0)
+    max_batch_size: int = option(256, "sequences the hf engine decodes together", minimum=1)
 
 
-class ConfigError(ValueError):
-    """A flag value or combination the trainer refuses; the message names the flags and what to do."""
+@dataclass(frozen=True)
+class AdvantageConfig:
+    """Rewards -> advantages, and the IS correction of the train/rollout mismatch."""
+
+    estimator: str = option("reinforce", "advantage estimator", choices=ESTIMATORS)
+    gamma: float = option(1.0, "discount (reinforce)")
+    no_whiten: bool = option(False, "skip advantage whitening")
+    is_correction_level: str = option("off", "IS correction granularity", choices=IS_LEVELS)
+    is_correction_mode: str = option("mask", "what happens outside the band", choices=IS_MODES)
+    is_correction_threshold: tuple[float, ...] = option((0.5, 5.0), "[LOW] HIGH band on the IS ratio")
 
 
-def build_parser(command: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=f"molt-train {command}", allow_abbrev=False)
-    for flag, kind, default, help_ in COMMAND_FLAGS[command]:
-        if kind is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_)
-        elif isinstance(kind, tuple):
-            parser.add_argument(flag, type=kind[0], nargs=kind[1], default=default, help=help_)
-        else:
-            parser.add_argument(flag, type=kind, default=default, help=help_)
-    return parser
+@dataclass(frozen=True)
+class KLConfig:
+    """A KL penalty to the rollout policy or to a frozen reference."""
+
+    init_coef: float = option(0.0, "KL coefficient beta (0 = no KL)", minimum=0)
+    estimator: str = option("k1", "KL estimator", choices=KL_ESTIMATORS)
+    use_loss: bool = option(False, "KL as a loss term instead of a per-token reward")
+    ref: str = option(
+        "rollout",
+        "KL reference: rollout (the sampler's log-probs) | model (a frozen reference)",
+        choices=("rollout", "model"),
+    )
 
 
-def hierarchize(flat: dict[str, Any]) -> SimpleNamespace:
-    """``{"actor.adam.lr": 1e-3}`` -> ``ns.actor.adam.lr``."""
-    root = SimpleNamespace()
-    for dotted, value in flat.items():
-        node = root
-        *parents, leaf = dotted.split(".")
-        for part in parents:
-            if not hasattr(node, part):
-                setattr(node, part, SimpleNamespace())
-            node = getattr(node, part)
-        setattr(node, leaf, tuple(value) if isinstance(value, list) else value)
-    return root
+@dataclass(frozen=True)
+class AlgoConfig:
+    """The RL algorithm: advantages, KL, dynamic filtering."""
+
+    advantage: AdvantageConfig = group(AdvantageConfig)
+    kl: KLConfig = group(KLConfig)
+    dynamic_filtering_enable: bool = option(False, "drop prompt groups whose mean score is outside the range")
+    dynamic_filtering_range: tuple[float, float] = option((0.0, 1.0), "keep groups with LOW < mean score < HIGH")
 
 
-def parse(command: str, argv: Sequence[str] | None) -> SimpleNamespace:
-    """Parse and validate; a refused value exits with status 2 and a message naming the flag."""
-    parser = build_parser(command)
-    cfg = hierarchize(vars(parser.parse_args(argv)))
-    try:
-        {"rl": validate_rl, "sft": validate_sft, "eval": validate_eval}[command](cfg)
-        if command != "eval":
-            require_installed(cfg)
-    except ConfigError as exc:
-        parser.error(str(exc))
-    return cfg
+@dataclass(frozen=True)
+class RewardConfig:
+    """Reward shaping before the estimator: a length penalty (at most one), then clipping."""
+
+    clip_range: tuple[float, float] = option((-10.0, 10.0), "clip rewards to this range")
+    overlong_buffer_len: int = option(
+        0, "DAPO overlong penalty over the last N tokens of --data.max_len (0 = off)", minimum=0
+    )
+    overlong_penalty_factor: float = option(1.0, "maximum overlong penalty", minimum=0)
+    stop_properly_penalty_coef: float | None = option(None, "truncated rollouts: reward*C (C in [0,1]) or C (C < 0)")
 
 
-def to_dict(ns: Any) -> Any:
-    """Nested namespaces back to plain dicts (for run metadata)."""
-    if isinstance(ns, SimpleNamespace):
-        return {k: to_dict(v) for k, v in vars(ns).items()}
-    return list(ns) if isinstance(ns, tuple) else ns
+@dataclass(frozen=True)
+class VLLMConfig:
+    """The vLLM rollout engine (``--rollout.engine vllm``)."""
+
+    num_engines: int = option(
+        1,
+        "vLLM engines; with --train.colocate_all all share the one GPU (requests go to the least busy, "
+        "gpu_memory_utilization is split between them)",
+        minimum=1,
+    )
+    tensor_parallel_size: int = option(1, "tensor-parallel GPUs per vLLM engine", minimum=1)
+    data_parallel_size: int = option(1, "data-parallel vLLM replicas (single node)", minimum=1)
+    gpu_memory_utilization: float = option(0.35, "fraction of GPU memory vLLM takes (weights + KV cache)")
+    enforce_eager: bool = option(False, "no CUDA graphs / torch.compile (faster start, slower decode)")
+    enable_prefix_caching: bool = option(False, "reuse KV of shared prefixes (reset at every weight sync)")
+    max_num_batched_tokens: int | None = option(None, "scheduler token budget per step", minimum=1)
+    max_num_seqs: int | None = option(None, "sequences decoded together at most", minimum=1)
+    max_model_len: int | None = option(None, "context length the engine allocates for (default: --data.max_len)")
+    dtype: str = option("bfloat16", "engine weight dtype", choices=("bfloat16", "float16", "float32", "auto"))
+    mtp_num_speculative_tokens: int = option(0, "MTP speculative tokens (0 = off; needs an MTP checkpoint)", minimum=0)
+    enable_sleep: bool = option(False, "free vLLM's GPU memory during training (sleep/wake each step)")
+    bucket_mb: int = option(BUCKET_BYTES >> 20, "weight-sync bucket size in MiB (one transfer per bucket)", minimum=1)
+
+    @property
+    def bucket_bytes(self) -> int:
+        return self.bucket_mb << 20
 
 
-def _validate_common(cfg: SimpleNamespace) -> None:
-    if cfg.env is None and cfg.data.prompt_dataset is None:
-        raise ConfigError("no data: pass --env ns/name-vN (its train split) or --data.prompt_dataset FILE.jsonl")
-    if cfg.ckpt.output_dir is None:
-        raise ConfigError("--ckpt.output_dir is required (metrics, checkpoints and the final hf/ model go there)")
-    if cfg.actor.num_workers < 1:
-        raise ConfigError(f"--actor.num_workers must be >= 1, got {cfg.actor.num_workers}")
-    gpus = getattr(cfg.actor, "num_gpus_per_node", 0)
-    if gpus < 0 or (gpus and cfg.actor.num_workers not in (1, gpus)):
+@dataclass(frozen=True)
+class TrainConfig:
+    """The training loop: steps, batches, the async queue, placement and weight sync."""
+
+    agent_path: str | None = option(None, "agent .py exporting AgentRunner (overrides the env's runner)")
+    seed: int = option(42, "seed for data order, sampling and init")
+    num_steps: int = option(20, "training steps (rl: one rollout batch each)")
+    batch_size: int = option(0, "rows per optimizer step (rl: 0 = the whole rollout batch)", minimum=0)
+    micro_batch_size: int = option(64, "rows per micro-batch at most", minimum=1)
+    max_tokens_per_gpu: int = option(8192, "padded tokens per micro-batch at most (token budget)", minimum=1)
+    max_epochs: int = option(1, "passes over each rollout batch", minimum=1, commands=RL)
+    async_queue_size: int = option(
+        1, "rollout batches in flight ahead of training (rollout k+1 overlaps step k)", minimum=1, commands=RL
+    )
+    force_sync_mode: bool = option(
+        False, "strictly on-policy: the next rollout starts only after the weight sync", commands=RL
+    )
+    partial_rollout_enable: bool = option(
+        False,
+        "sync weights while rollouts are in flight: the vllm engine pauses them, loads, and resumes on the new "
+        "weights (needs IS correction)",
+        commands=RL,
+    )
+    colocate_all: bool = option(
+        False,
+        "trainer ranks, reference and rollout engine share the GPU (fractional Ray GPUs); the vllm engine then "
+        "syncs by CUDA IPC. Without it, --rollout.engine vllm gets GPUs of its own and syncs by NCCL broadcast",
+        commands=RL,
+    )
+    check_weight_update_equal: bool = option(
+        False,
+        "after every weight sync compare each engine parameter with the trainer's; a stale or unreached one "
+        "stops the run, named",
+        commands=RL,
+    )
+
+
+@dataclass(frozen=True)
+class CkptConfig:
+    """The run directory: metrics, resumable checkpoints and the final model."""
+
+    output_dir: str | None = option(None, "run directory: metrics, checkpoints, hf/ (the final model)")
+    save_steps: int = option(0, "save a resumable checkpoint every N steps (0 = only at the end)", minimum=0)
+    max_num: int = option(2, "resumable checkpoints kept", minimum=1)
+    load_enable: bool = option(False, "resume from the latest checkpoint in --ckpt.output_dir")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Held-out evaluation on the env's split."""
+
+    split: str = option("test", "held-out split for evaluation")
+    steps: int = option(0, "evaluate every N steps (0 = only at the end)", minimum=0, commands=RL)
+    max_samples: int | None = option(
+        None, "evaluate on at most this many rows (sft: 0 skips the final eval)", minimum=0
+    )
+    max_new_tokens: int | None = option(None, "generation budget at eval (default: the rollout's)", minimum=1)
+    temperature: float = option(0.0, "eval sampling temperature (0 = greedy)", minimum=0)
+    eval_at_start: bool = option(False, "evaluate before the first step", commands=RL)
+
+
+@dataclass(frozen=True)
+class LoggerConfig:
+    """What a run prints and writes besides metrics.jsonl and TensorBoard."""
+
+    progress: bool = option(True, "rich progress bar on the console")
+
+
+ENV_HELP = "registered env ID (ns/name-vN); its train split gives prompts and labels"
+
+
+# -- the commands --
+
+
+@dataclass(frozen=True)
+class RLConfig:
+    """``molt-train rl``: online RL on a registered env."""
+
+    env: str | None = option(None, ENV_HELP)
+    ray: RayConfig = group(RayConfig)
+    actor: ActorConfig = group(ActorConfig)
+    ref: RefConfig = group(RefConfig)
+    data: DataConfig = group(DataConfig)
+    rollout: RolloutConfig = group(RolloutConfig)
+    algo: AlgoConfig = group(AlgoConfig)
+    reward: RewardConfig = group(RewardConfig)
+    vllm: VLLMConfig = group(VLLMConfig)
+    train: TrainConfig = group(TrainConfig)
+    ckpt: CkptConfig = group(CkptConfig)
+    eval: EvalConfig = group(EvalConfig)
+    logger: LoggerConfig = group(LoggerConfig)
+
+    def __post_init__(self) -> None:
+        flags.check_declared(self, "rl")
+        _set(self, "actor", replace(self.actor, num_workers=_trainer_ranks(self.actor)))
+        _set(self, "vllm", replace(self.vllm, max_model_len=self.vllm.max_model_len or self.data.max_len))
+        self._validate()
+
+    @property
+    def sampling_temperature(self) -> float:
+        """The temperature log-probs are computed at: the rollout's (greedy rollouts: 1)."""
+        return self.rollout.temperature or 1.0
+
+    @property
+    def kl_as_reward(self) -> bool:
+        return self.algo.kl.init_coef > 0 and not self.algo.kl.use_loss
+
+    def _validate(self) -> None:
+        _require_data(self)
+        _require_output_dir(self)
+        if self.env is None and self.train.agent_path is None:
+            raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
+        if self.actor.model_name_or_path is None:
+            raise ConfigError("--actor.model_name_or_path is required (e.g. runs/sft/hf from `molt-train sft`)")
+        n = self.rollout.n_samples_per_prompt
+        adv, algo, train = self.algo.advantage, self.algo, self.train
+        if adv.estimator in GROUP_ESTIMATORS and n < 2:
+            raise ConfigError(
+                f"--algo.advantage.estimator {adv.estimator} compares samples of one prompt and needs "
+                f"--rollout.n_samples_per_prompt > 1, got {n}"
+            )
+        if algo.dynamic_filtering_enable and n < 2:
+            raise ConfigError(f"--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt > 1, got {n}")
+        low, high = algo.dynamic_filtering_range
+        if not low < high:
+            raise ConfigError(f"--algo.dynamic_filtering_range must be LOW HIGH with LOW < HIGH, got {low} {high}")
+        low, high = self.actor.eps_clip_low_high
+        if low < 0 or high < 0:
+            raise ConfigError(f"--actor.eps_clip_low_high must be >= 0, got {low} {high}")
+        if self.actor.dual_clip is not None and self.actor.dual_clip <= 1:
+            raise ConfigError(f"--actor.dual_clip must be > 1 (recipes use 10), got {self.actor.dual_clip}")
+        if train.force_sync_mode and train.async_queue_size > 1:
+            raise ConfigError(
+                f"--train.force_sync_mode is strictly on-policy and contradicts --train.async_queue_size "
+                f"{train.async_queue_size}; drop one of them"
+            )
+        if self.rollout.max_new_tokens >= self.data.max_len:
+            raise ConfigError(
+                f"--rollout.max_new_tokens {self.rollout.max_new_tokens} leaves no room for the prompt "
+                f"under --data.max_len {self.data.max_len}"
+            )
+        if not 0 < self.rollout.top_p <= 1:
+            raise ConfigError(f"--rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
+        if not 0 < adv.gamma <= 1:
+            raise ConfigError(f"--algo.advantage.gamma must be in (0, 1], got {adv.gamma}")
+        self._validate_engine()
+        self._validate_is_correction()
+        _validate_reward(self.reward, self.data.max_len)
+        if algo.kl.init_coef > 0 and algo.kl.ref == "rollout" and self.rollout.top_p < 1:
+            raise ConfigError(
+                f"--algo.kl.ref rollout reads the sampler's log-probs, which --rollout.top_p "
+                f"{self.rollout.top_p} renormalises away; use --rollout.top_p 1.0 or --algo.kl.ref model"
+            )
+        _require_installed(self.actor.backend, self.rollout.engine)
+
+    def _validate_engine(self) -> None:
+        """``--rollout.engine`` and what goes with it: vllm runs single-GPU engines, colocated (CUDA IPC weight
+        sync) or on a GPU of their own (NCCL); a partial rollout is the vllm engine's pause/resume."""
+        engine, train, vllm = self.rollout.engine, self.train, self.vllm
+        if train.partial_rollout_enable and engine != "vllm":
+            raise ConfigError(
+                "--train.partial_rollout_enable pauses and resumes requests inside the vllm engine; "
+                "add --rollout.engine vllm"
+            )
+        if train.partial_rollout_enable and train.force_sync_mode:
+            raise ConfigError(
+                "--train.partial_rollout_enable syncs weights under rollouts in flight, which "
+                "--train.force_sync_mode forbids; drop one of them"
+            )
+        if not 0.0 < vllm.gpu_memory_utilization <= 1.0:
+            raise ConfigError(f"--vllm.gpu_memory_utilization must be in (0, 1], got {vllm.gpu_memory_utilization}")
+        if vllm.mtp_num_speculative_tokens and vllm.enable_prefix_caching:
+            raise ConfigError(
+                "--vllm.mtp_num_speculative_tokens cannot be combined with --vllm.enable_prefix_caching; "
+                "drop one of them"
+            )
+        if engine != "vllm":
+            return
+        parallel = (vllm.tensor_parallel_size, vllm.data_parallel_size)
+        if parallel != (1, 1):
+            raise ConfigError(
+                f"--rollout.engine vllm drives single-GPU engines here: it needs --vllm.tensor_parallel_size 1 "
+                f"--vllm.data_parallel_size 1, got {parallel[0]}, {parallel[1]}"
+            )
+        if vllm.num_engines != 1 and not train.colocate_all:
+            raise ConfigError(
+                f"--vllm.num_engines {vllm.num_engines} puts that many engines on the one GPU the trainer shares "
+                "with them; add --train.colocate_all, or use --vllm.num_engines 1 for an engine on a GPU of its own"
+            )
+        if vllm.enable_sleep and not train.colocate_all:
+            raise ConfigError(
+                "--vllm.enable_sleep frees the GPU the engine shares with the trainer; with the engine on a GPU "
+                "of its own (no --train.colocate_all) drop it"
+            )
+        if vllm.enable_sleep and not train.force_sync_mode:
+            raise ConfigError(
+                "--vllm.enable_sleep frees the engine while the trainer trains, so rollout and training must "
+                "take turns: add --train.force_sync_mode"
+            )
+        if vllm.max_model_len < self.data.max_len:
+            raise ConfigError(
+                f"--vllm.max_model_len {vllm.max_model_len} is shorter than --data.max_len {self.data.max_len}; "
+                "raise it or drop it (default: --data.max_len)"
+            )
+
+    def _validate_is_correction(self) -> None:
+        """Refuse IS-correction settings that would silently train on biased updates."""
+        adv, train = self.algo.advantage, self.train
+        level, mode = adv.is_correction_level, adv.is_correction_mode
+        if level in ("seq", "geo") and mode != "mask":
+            raise ConfigError(
+                f"--algo.advantage.is_correction_level {level!r} is a sequence rejection filter and needs "
+                f"--algo.advantage.is_correction_mode 'mask', got {mode!r}; use level 'token' for clip/trunc"
+            )
+        queue = 0 if train.force_sync_mode else train.async_queue_size
+        if level == "off" and (queue > 1 or train.partial_rollout_enable):
+            raise ConfigError(
+                f"async rollout (--train.async_queue_size={queue}, "
+                f"--train.partial_rollout_enable={train.partial_rollout_enable}) trains on off-policy samples; "
+                "enable --algo.advantage.is_correction_level (e.g. geo) or use --train.async_queue_size 1 without "
+                "partial rollout"
+            )
+        if level != "off" and self.rollout.top_p < 1.0:
+            raise ConfigError(
+                f"IS correction needs --rollout.top_p 1.0, got {self.rollout.top_p}: nucleus renormalisation "
+                "biases the rollout log-probs; set --rollout.top_p 1.0 or --algo.advantage.is_correction_level off"
+            )
+        band = adv.is_correction_threshold
+        low, high = (0.0, *band) if len(band) == 1 else (band if len(band) == 2 else (None, None))
+        if low is None or not 0.0 <= low < high:
+            raise ConfigError(
+                f"--algo.advantage.is_correction_threshold must be HIGH or LOW HIGH with 0 <= LOW < HIGH, got "
+                f"{' '.join(map(str, band))} (recipes use 0.99 1.01)"
+            )
+
+
+@dataclass(frozen=True)
+class SFTConfig:
+    """``molt-train sft``: supervised fine-tuning on an env's reference completions."""
+
+    env: str | None = option(None, ENV_HELP)
+    ray: RayConfig = group(RayConfig)
+    model: ModelConfig = group(ModelConfig)
+    actor: ActorConfig = group(ActorConfig)
+    data: DataConfig = group(DataConfig)
+    train: TrainConfig = group(TrainConfig, num_steps=200, batch_size=64)
+    rollout: RolloutConfig = group(RolloutConfig)  # generation limits of the final eval
+    ckpt: CkptConfig = group(CkptConfig)
+    eval: EvalConfig = group(EvalConfig)
+    logger: LoggerConfig = group(LoggerConfig)
+
+    def __post_init__(self) -> None:
+        flags.check_declared(self, "sft")
+        _require_data(self)
+        _require_output_dir(self)
+        if (self.model.config is None) == (self.actor.model_name_or_path is None):
+            raise ConfigError(
+                "pass exactly one of --model.config tiny (train from scratch) and "
+                "--actor.model_name_or_path DIR (fine-tune a checkpoint)"
+            )
+        if self.train.batch_size < 1:
+            raise ConfigError(f"--train.batch_size must be >= 1, got {self.train.batch_size}")
+        _require_installed(self.actor.backend, "hf")
+
+
+@dataclass(frozen=True)
+class EvalCommandConfig:
+    """``molt-train eval``: a checkpoint's accuracy on an env's held-out split."""
+
+    env: str | None = option(None, "registered env ID (ns/name-vN); its --eval.split gives the rows")
+    actor: ActorConfig = group(ActorConfig, only=("model_name_or_path",))
+    data: DataConfig = group(DataConfig, only=("max_len",))
+    rollout: RolloutConfig = group(RolloutConfig, only=("max_new_tokens", "timeout_s", "max_batch_size"))
+    train: TrainConfig = group(TrainConfig, only=("agent_path",))
+    eval: EvalConfig = group(EvalConfig)
+
+    def __post_init__(self) -> None:
+        flags.check_declared(self, "eval")
+        if self.actor.model_name_or_path is None:
+            raise ConfigError("--actor.model_name_or_path is required (the checkpoint to score)")
+        if self.env is None:
+            raise ConfigError("pass --env ns/name-vN (its --eval.split gives the rows)")
+
+
+COMMANDS: dict[str, type] = {"rl": RLConfig, "sft": SFTConfig, "eval": EvalCommandConfig}
+
+
+def parse(command: str, argv: Sequence[str] | None) -> Any:
+    """``command``'s config from ``argv``; a refused value exits with status 2 and a message naming the flag."""
+    cls = COMMANDS[command]
+    return flags.parse(cls, command, argv, description=cls.__doc__.splitlines()[0].replace("``", ""))
+
+
+# -- rules several commands share --
+
+
+def _set(cfg: Any, name: str, value: Any) -> None:
+    """Fill a dependent default while the frozen config is being built."""
+    object.__setattr__(cfg, name, value)
+
+
+def _trainer_ranks(actor: ActorConfig) -> int:
+    gpus = actor.num_gpus_per_node
+    if gpus < 0 or (gpus and actor.num_workers not in (1, gpus)):
         raise ConfigError(
             f"--actor.num_gpus_per_node {gpus} gives one trainer rank per GPU, which contradicts "
-            f"--actor.num_workers {cfg.actor.num_workers}; pass only one of them"
+            f"--actor.num_workers {actor.num_workers}; pass only one of them"
         )
-    if gpus:
-        cfg.actor.num_workers = gpus
-    _choice("--actor.lr_scheduler", cfg.actor.lr_scheduler, ("constant", "cosine"))
-    _choice("--actor.backend", cfg.actor.backend, BACKENDS)
-    _choice("--actor.param_dtype", cfg.actor.param_dtype, ("bfloat16", "float32"))
-    for name in ("micro_batch_size", "max_tokens_per_gpu"):
-        if getattr(cfg.train, name) < 1:
-            raise ConfigError(f"--train.{name} must be >= 1, got {getattr(cfg.train, name)}")
+    return gpus or actor.num_workers
 
 
-def validate_rl(cfg: SimpleNamespace) -> None:
-    _validate_common(cfg)
-    if cfg.env is None and cfg.train.agent_path is None:
-        raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
-    if cfg.actor.model_name_or_path is None:
-        raise ConfigError("--actor.model_name_or_path is required (e.g. runs/sft/hf from `molt-train sft`)")
-    _validate_engine(cfg)
-    adv, algo = cfg.algo.advantage, cfg.algo
-    _choice("--algo.advantage.estimator", adv.estimator, sorted(ESTIMATORS))
-    _choice("--actor.loss_mode", cfg.actor.loss_mode, sorted(POLICY_LOSSES))
-    _choice("--actor.loss_agg_mode", cfg.actor.loss_agg_mode, LOSS_AGG_MODES)
-    _choice("--algo.kl.estimator", algo.kl.estimator, KL_ESTIMATORS)
-    _choice("--algo.kl.ref", algo.kl.ref, ("rollout", "model"))
-    n = cfg.rollout.n_samples_per_prompt
-    if adv.estimator in GROUP_ESTIMATORS and n < 2:
-        raise ConfigError(
-            f"--algo.advantage.estimator {adv.estimator} compares samples of one prompt and needs "
-            f"--rollout.n_samples_per_prompt > 1, got {n}"
-        )
-    if algo.dynamic_filtering_enable and n < 2:
-        raise ConfigError(f"--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt > 1, got {n}")
-    low, high = cfg.actor.eps_clip_low_high
-    if low < 0 or high < 0:
-        raise ConfigError(f"--actor.eps_clip_low_high must be >= 0, got {low} {high}")
-    if cfg.actor.dual_clip is not None and cfg.actor.dual_clip <= 1:
-        raise ConfigError(f"--actor.dual_clip must be > 1 (recipes use 10), got {cfg.actor.dual_clip}")
-    if cfg.train.async_queue_size < 1:
-        raise ConfigError(f"--train.async_queue_size must be >= 1, got {cfg.train.async_queue_size}")
-    if cfg.train.force_sync_mode and cfg.train.async_queue_size > 1:
-        raise ConfigError(
-            f"--train.force_sync_mode is strictly on-policy and contradicts --train.async_queue_size "
-            f"{cfg.train.async_queue_size}; drop one of them"
-        )
-    if cfg.rollout.max_new_tokens >= cfg.data.max_len:
-        raise ConfigError(
-            f"--rollout.max_new_tokens {cfg.rollout.max_new_tokens} leaves no room for the prompt "
-            f"under --data.max_len {cfg.data.max_len}"
-        )
-    if algo.kl.init_coef < 0:
-        raise ConfigError(f"--algo.kl.init_coef must be >= 0, got {algo.kl.init_coef}")
-    queue = 0 if cfg.train.force_sync_mode else cfg.train.async_queue_size
-    try:
-        validate_is_config(
-            adv.is_correction_level,
-            adv.is_correction_mode,
-            queue,
-            cfg.train.partial_rollout_enable,
-            cfg.rollout.top_p,
-            adv.is_correction_threshold,
-        )
-        reward_shaping(cfg)
-    except ValueError as exc:
-        raise ConfigError(_flagged(str(exc))) from None
-    if algo.kl.init_coef > 0 and algo.kl.ref == "rollout" and cfg.rollout.top_p < 1:
-        raise ConfigError(
-            f"--algo.kl.ref rollout reads the sampler's log-probs, which --rollout.top_p "
-            f"{cfg.rollout.top_p} renormalises away; use --rollout.top_p 1.0 or --algo.kl.ref model"
-        )
-    if cfg.train.batch_size < 0 or cfg.train.max_epochs < 1:
-        raise ConfigError("--train.batch_size must be >= 0 and --train.max_epochs >= 1")
+def _require_data(cfg: RLConfig | SFTConfig) -> None:
+    if cfg.env is None and cfg.data.prompt_dataset is None:
+        raise ConfigError("no data: pass --env ns/name-vN (its train split) or --data.prompt_dataset FILE.jsonl")
 
 
-def _validate_engine(cfg: SimpleNamespace) -> None:
-    """``--rollout.engine`` and what goes with it: vllm runs colocated on one GPU (CUDA IPC weight sync); a
-    partial rollout (a sync with requests in flight) is the vllm engine's pause/resume."""
-    engine, train = cfg.rollout.engine, cfg.train
-    _choice("--rollout.engine", engine, ("hf", "vllm"))
-    if train.partial_rollout_enable and engine != "vllm":
-        raise ConfigError(
-            "--train.partial_rollout_enable pauses and resumes requests inside the vllm engine; "
-            "add --rollout.engine vllm"
-        )
-    if train.partial_rollout_enable and train.force_sync_mode:
-        raise ConfigError(
-            "--train.partial_rollout_enable syncs weights under rollouts in flight, which "
-            "--train.force_sync_mode forbids; drop one of them"
-        )
-    if engine != "vllm":
-        return
-    try:
-        options = vllm_options(cfg)
-    except ValueError as exc:
-        raise ConfigError(str(exc)) from None
-    parallel = (options.tensor_parallel_size, options.data_parallel_size)
-    if parallel != (1, 1):
-        raise ConfigError(
-            f"--rollout.engine vllm drives single-GPU engines here: it needs "
-            f"--vllm.tensor_parallel_size 1 --vllm.data_parallel_size 1, got {parallel[0]}, {parallel[1]}"
-        )
-    if options.num_engines != 1 and not train.colocate_all:
-        raise ConfigError(
-            f"--vllm.num_engines {options.num_engines} puts that many engines on the one GPU the "
-            "trainer shares with them; add --train.colocate_all, or use --vllm.num_engines 1 for an "
-            "engine on a GPU of its own"
-        )
-    if options.enable_sleep and not train.colocate_all:
-        raise ConfigError(
-            "--vllm.enable_sleep frees the GPU the engine shares with the trainer; with the engine "
-            "on a GPU of its own (no --train.colocate_all) drop it"
-        )
-    if options.enable_sleep and not train.force_sync_mode:
-        raise ConfigError(
-            "--vllm.enable_sleep frees the engine while the trainer trains, so rollout and training "
-            "must take turns: add --train.force_sync_mode"
-        )
-    if options.max_model_len < cfg.data.max_len:
-        raise ConfigError(
-            f"--vllm.max_model_len {options.max_model_len} is shorter than --data.max_len "
-            f"{cfg.data.max_len}; raise it or drop it (default: --data.max_len)"
-        )
+def _require_output_dir(cfg: RLConfig | SFTConfig) -> None:
+    if cfg.ckpt.output_dir is None:
+        raise ConfigError("--ckpt.output_dir is required (metrics, checkpoints and the final hf/ model go there)")
 
 
-def vllm_options(cfg: SimpleNamespace) -> VLLMOptions:
-    """The engine's options from ``--vllm.*``, seeded by ``--train.seed``, sized to ``--data.max_len``."""
-    options = VLLMOptions.from_namespace(cfg.vllm)
-    return replace(options, seed=cfg.train.seed, max_model_len=options.max_model_len or cfg.data.max_len)
+def _validate_reward(reward: RewardConfig, max_len: int) -> None:
+    low, high = reward.clip_range
+    if not low <= high:
+        raise ConfigError(f"--reward.clip_range must be LOW HIGH with LOW <= HIGH, got {low} {high}")
+    coef = reward.stop_properly_penalty_coef
+    if reward.overlong_buffer_len and coef is not None:
+        raise ConfigError(
+            f"--reward.overlong_buffer_len {reward.overlong_buffer_len} and --reward.stop_properly_penalty_coef "
+            f"{coef} are mutually exclusive length penalties; keep one"
+        )
+    if reward.overlong_buffer_len >= max_len:
+        raise ConfigError(
+            f"--reward.overlong_buffer_len {reward.overlong_buffer_len} must be shorter than --data.max_len {max_len}"
+        )
+    if coef is not None and coef > 1:
+        raise ConfigError(f"--reward.stop_properly_penalty_coef must be in [0, 1] (scale) or < 0 (replace), got {coef}")
 
 
-def require_installed(cfg: SimpleNamespace) -> None:
+def _require_installed(backend: str, engine: str) -> None:
     """Optional packages the chosen engine / backend import, checked before anything starts."""
-    if getattr(cfg.rollout, "engine", "hf") == "vllm" and not _importable("vllm"):
+    if engine == "vllm" and not _importable("vllm"):
         raise ConfigError(f"{VLLM_INSTALL_HINT} (vllm is not importable in this environment)")
-    if cfg.actor.backend == "automodel" and not _importable("nemo_automodel"):
+    if backend == "automodel" and not _importable("nemo_automodel"):
         raise ConfigError(f"{AUTOMODEL_INSTALL_HINT} (nemo_automodel is not importable in this environment)")
 
 
@@ -406,56 +586,5 @@ def _importable(name: str) -> bool:
         return False
 
 
-def validate_sft(cfg: SimpleNamespace) -> None:
-    _validate_common(cfg)
-    if (cfg.model.config is None) == (cfg.actor.model_name_or_path is None):
-        raise ConfigError(
-            "pass exactly one of --model.config tiny (train from scratch) and "
-            "--actor.model_name_or_path DIR (fine-tune a checkpoint)"
-        )
-    if cfg.model.config not in (None, "tiny"):
-        raise ConfigError(f"--model.config {cfg.model.config!r} is unknown; the built-in config is 'tiny'")
-
-
-def validate_eval(cfg: SimpleNamespace) -> None:
-    if cfg.actor.model_name_or_path is None:
-        raise ConfigError("--actor.model_name_or_path is required")
-    if cfg.env is None and cfg.train.agent_path is None:
-        raise ConfigError("pass --env ns/name-vN (its --eval.split gives the rows)")
-
-
-def reward_shaping(cfg: SimpleNamespace) -> RewardShaping:
-    r = cfg.reward
-    return RewardShaping(
-        clip_range=tuple(r.clip_range),
-        overlong_buffer_len=r.overlong_buffer_len,
-        overlong_penalty_factor=r.overlong_penalty_factor,
-        stop_properly_penalty_coef=r.stop_properly_penalty_coef,
-        max_len=cfg.data.max_len,
-    )
-
-
-def _choice(flag: str, value: str, allowed: Sequence[str]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{flag} {value!r} is unknown; choose one of {list(allowed)}")
-
-
-_FLAG_NAMES = {
-    "is_correction_level": "--algo.advantage.is_correction_level",
-    "is_correction_mode": "--algo.advantage.is_correction_mode",
-    "is_correction_threshold": "--algo.advantage.is_correction_threshold",
-    "async_queue_size": "--train.async_queue_size",
-    "partial_rollout": "--train.partial_rollout_enable",
-    "top_p": "--rollout.top_p",
-    "overlong_buffer_len": "--reward.overlong_buffer_len",
-    "stop_properly_penalty_coef": "--reward.stop_properly_penalty_coef",
-    "overlong_penalty_factor": "--reward.overlong_penalty_factor",
-    "clip_range": "--reward.clip_range",
-}
-
-
-def _flagged(message: str) -> str:
-    """Rename the algorithms' keyword names in an error to the CLI flags the user typed."""
-    for name, flag in _FLAG_NAMES.items():
-        message = re.sub(rf"(?<![\w.-]){name}\b", flag, message)
-    return message
+if __name__ == "__main__":  # the flag tables of molt_train/README.md
+    print(flags.markdown(COMMANDS))

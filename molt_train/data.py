@@ -10,25 +10,31 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from molt_train.config import DataConfig, EvalCommandConfig, RLConfig, SFTConfig
 
 
-def load_rows(cfg: SimpleNamespace, split: str | None = None) -> list[dict[str, Any]]:
-    """Rows of ``--data.prompt_dataset`` when given, else of the env's split (``--data.split`` by default)."""
-    limit = cfg.data.max_samples
-    if cfg.data.prompt_dataset and split is None:
-        return _jsonl_rows(Path(cfg.data.prompt_dataset), cfg.data, limit)
+def load_rows(
+    cfg: RLConfig | SFTConfig | EvalCommandConfig, split: str | None = None, limit: int | None = None
+) -> list[dict[str, Any]]:
+    """The training rows (``split`` None): ``--data.prompt_dataset`` when given, else the env's ``--data.split``,
+    at most ``--data.max_samples``. Or at most ``limit`` rows of the env's ``split`` (evaluation)."""
+    if split is None:
+        split, limit = cfg.data.split, cfg.data.max_samples
+        if cfg.data.prompt_dataset:
+            return _jsonl_rows(Path(cfg.data.prompt_dataset), cfg.data, limit)
     if cfg.env is None:
         raise ValueError(f"split {split!r} needs --env (a --data.prompt_dataset has no splits)")
     import env_registry
 
     spec = env_registry.spec(cfg.env)
-    rows = env_registry.load_split(spec, split or cfg.data.split, limit)
+    rows = env_registry.load_split(spec, split, limit)
     return [{"prompt": r["prompt"], "label": r["label"], "reference": r["reference"]} for r in rows]
 
 
-def _jsonl_rows(path: Path, data: SimpleNamespace, limit: int | None) -> list[dict[str, Any]]:
+def _jsonl_rows(path: Path, data: DataConfig, limit: int | None) -> list[dict[str, Any]]:
     if not path.is_file():
         raise FileNotFoundError(f"--data.prompt_dataset {str(path)!r} does not exist")
     rows = []

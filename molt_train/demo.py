@@ -71,7 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from molt_train import report, sft_cli
     from molt_train.config import parse
     from molt_train.metrics import read_metrics
-    from molt_train.trainer import RLTrainer
+    from molt_train.rl_trainer import RLTrainer
 
     start = time.perf_counter()
     out = Path(args.output_dir)

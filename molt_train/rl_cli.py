@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from molt_train.config import parse
-from molt_train.trainer import RLTrainer
+from molt_train.rl_trainer import RLTrainer
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -20,14 +20,18 @@ import hashlib
 import pickle
 import time
 from collections.abc import AsyncIterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from molt_envs import SamplingParams, Trajectory, load_agent_runner
-from molt_train.data import PromptSampler
+from molt_train.data import PromptSampler, load_rows
 from molt_train.engines.hf import HFEngine
 from molt_train.experience import as_trajectories, drop_reason, estimator_group
+
+if TYPE_CHECKING:
+    from molt_train.config import EvalCommandConfig, RLConfig, SFTConfig
 
 
 def episode_seed(seed: int, step: int, row: int, sample: int) -> int:
@@ -76,12 +80,12 @@ class RolloutWorker:
         self.rows: list[dict[str, Any]] = []
         self.sampler: PromptSampler | None = None
 
-    async def start_vllm(self, options: Any) -> None:
-        """Start the vLLM engine (``VLLMOptions``) on the loop that will generate from it; blocks that loop the
-        40-80 s vLLM takes to start, before any rollout exists."""
+    async def start_vllm(self, options: Any, seed: int) -> None:
+        """Start the vLLM engine (the ``--vllm.*`` group, ``VLLMConfig``) on the loop that will generate from it;
+        blocks that loop the 40-80 s vLLM takes to start, before any rollout exists."""
         from molt_train.engines.vllm import VLLMEngine
 
-        self.engine = VLLMEngine(self.model_path, options, tokenizer=self.tokenizer)
+        self.engine = VLLMEngine(self.model_path, options, seed=seed, tokenizer=self.tokenizer)
 
     def set_prompts(self, rows: list[dict[str, Any]], batch_size: int, seed: int) -> None:
         self.rows, self.sampler = rows, PromptSampler(len(rows), batch_size, seed)
@@ -264,3 +268,22 @@ def raise_if_unequal(problems: list[str], checked: int) -> int:
             f"parameters differ from the trainer's: {', '.join(problems[:20])}" + (" ..." if len(problems) > 20 else "")
         )
     return checked
+
+
+def eval_sampling(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> dict[str, Any]:
+    """Sampling at evaluation: ``--eval.temperature`` (0 = greedy) and ``--eval.max_new_tokens`` (or the rollout's)."""
+    return {"temperature": cfg.eval.temperature, "max_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens}
+
+
+def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Path) -> dict[str, float]:
+    """Score ``model_path`` on ``--eval.split`` of ``--env`` in this process (no Ray), one sample per row."""
+    worker = RolloutWorker(
+        str(model_path),
+        env_id=cfg.env,
+        agent_path=cfg.train.agent_path,
+        max_len=cfg.data.max_len,
+        timeout_s=cfg.rollout.timeout_s,
+        max_batch_size=cfg.rollout.max_batch_size,
+    )
+    rows = load_rows(cfg, cfg.eval.split, cfg.eval.max_samples)
+    return asyncio.run(worker.evaluate(rows, eval_sampling(cfg)))

@@ -19,21 +19,6 @@ import torch.multiprocessing as mp
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 GSM8K = Path(__file__).resolve().parents[2] / "molt_envs" / "envs" / "data" / "gsm8k" / "train.jsonl"
-LOSS = {
-    "kind": "rl",
-    "temperature": 1.0,
-    "loss_mode": "ppo",
-    "eps_low": 0.2,
-    "eps_high": 0.2,
-    "dual_clip": None,
-    "loss_agg_mode": "token-mean",
-    "is_level": "off",
-    "is_mode": "mask",
-    "is_threshold": (0.5, 5.0),
-    "kl_coef": 0.0,
-    "kl_use_loss": False,
-    "kl_estimator": "k1",
-}
 
 
 def experience(vocab: int):
@@ -57,32 +42,18 @@ def experience(vocab: int):
 
 def rank_main(rank: int, world: int, model_dir: str, port: int, out: str) -> None:
     os.environ["CUDA_VISIBLE_DEVICES"] = str(rank)  # one GPU per rank, as Ray would assign it
+    from molt_train.config import ActorConfig, AdamConfig, AlgoConfig
     from molt_train.experience import micro_batch, plan_micro_batches
     from molt_train.policy_worker import PolicyWorker
 
-    cfg = {
-        "model_path": model_dir,
-        "lr": 1.0,
-        "betas": (0.9, 0.95),
-        "eps": 1.0,
-        "weight_decay": 0.0,
-        "max_norm": 0,
-        "seed": 0,
-        "warmup_steps": 0,
-        "total_steps": 1,
-        "lr_scheduler": "constant",
-        "min_lr_ratio": 0.0,
-        "trainable": True,
-        "logprob_chunk_size": 64,
-        "gradient_checkpoint": False,
-        "param_dtype": "float32",
-    }  # a comparison of sharding: bf16 rounding would differ with the split
-    worker = PolicyWorker(rank, world, "127.0.0.1", port, cfg)
+    # a comparison of sharding: bf16 rounding would differ with the split
+    actor = ActorConfig(adam=AdamConfig(lr=1.0, eps=1.0), max_norm=0, logprob_chunk_size=64, param_dtype="float32")
+    worker = PolicyWorker(rank, world, "127.0.0.1", port, actor, model_dir, seed=0)
     exp = experience(worker.config.vocab_size)
     plan = plan_micro_batches(exp.lengths.tolist(), world, 64, 400)
     per_rank = [[micro_batch(exp, rows, 0) for rows in micros] for micros in plan]
     before = {k: v.clone() for k, v in (worker.full_state_dict() or {}).items()}  # collective; rank 0 gets it
-    result = worker.train_step(per_rank[rank], {"num_tokens": int(exp.action_mask.sum())}, LOSS)
+    result = worker.train_step(per_rank[rank], {"num_tokens": int(exp.action_mask.sum())}, AlgoConfig())
     loss = torch.tensor([float(result["loss"])], device=worker.device)
     torch.distributed.all_reduce(loss)  # each rank reports its share of the step's loss
     state = worker.full_state_dict()

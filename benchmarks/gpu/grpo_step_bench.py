@@ -3,14 +3,16 @@
     python3 benchmarks/gpu/grpo_step_bench.py --model DIR [--steps 3] [--param-dtype bfloat16] [--compile]
         [--overlap] [--engines K] [--no-recompute]
 
-vLLM (``VLLMEngine``, gpu_memory_utilization 0.35) and the trainer's own ``PolicyWorker`` (one FSDP2 rank on NCCL,
-fp32 master weights, ``--param-dtype`` compute, SDPA, AdamW) stay resident on the same GPU: no sleep/wake. Ray is
-left out; everything else is the trainer's code path. Per step:
+The run is configured as ``molt-train rl`` is: ``bench_config`` parses the same flags into the same ``RLConfig``
+(``--algo.advantage.estimator grpo --rollout.engine vllm --train.colocate_all``, ...), and every phase calls the
+trainer's own functions on it. vLLM (``VLLMEngine(cfg.vllm)``, gpu_memory_utilization 0.35) and the trainer's
+``PolicyWorker(cfg.actor)`` (one FSDP2 rank on NCCL, fp32 master weights, ``--param-dtype`` compute, SDPA, AdamW)
+stay resident on the same GPU: no sleep/wake. Ray is left out; everything else is the trainer's code path. Per step:
   generation   32 prompts x 8 samples through ``engine.generate`` (temperature 1, up to 512 new tokens)
-  logprob      GRPO advantages (``algorithms.get_estimator("grpo")``, milliseconds), then ``PolicyWorker.logprobs``:
-               the recompute of the sampled tokens' log-probs (pi_old)
-  training     ``PolicyWorker.train_step`` (PPO loss, token-mean, one optimizer step over all 256 sequences in
-               micro-batches of ``--micro-rows``)
+  logprob      ``rl_trainer.shape_and_filter`` + ``rl_trainer.estimate_advantages`` (GRPO, milliseconds), then
+               ``PolicyWorker.logprobs``: the recompute of the sampled tokens' log-probs (pi_old)
+  training     ``PolicyWorker.train_step(..., cfg.algo)`` (the trainer's ``rl_loss``: PPO, token-mean, one optimizer
+               step over all 256 sequences in micro-batches of ``--micro-rows``, ``worker_group.spread``)
   weight sync  ``PolicyWorker.share_weights`` (bf16 buckets) + ``engine.load_shared_buckets`` (CUDA IPC into vLLM's
                ``load_weights``), as the trainer's colocated sync
 ``--engines K``: ``--vllm.num_engines K``, K engine processes share the GPU (and the 0.35 of its memory).
@@ -41,21 +43,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shapes import random_prompts, record  # noqa: E402
 
 PEAK_FLOPS = 790e12  # bf16 dense, measured on this H200 (KINDS.md)
-LOSS = {
-    "kind": "rl",
-    "temperature": 1.0,
-    "loss_mode": "ppo",
-    "eps_low": 0.2,
-    "eps_high": 0.2,
-    "dual_clip": None,
-    "loss_agg_mode": "token-mean",
-    "is_level": "off",
-    "is_mode": "mask",
-    "is_threshold": (0.5, 5.0),
-    "kl_coef": 0.0,
-    "kl_use_loss": False,
-    "kl_estimator": "k1",
-}
 
 
 def add_workload_args(parser: argparse.ArgumentParser) -> None:
@@ -74,26 +61,46 @@ def add_workload_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compile", action="store_true")
 
 
-def worker_cfg(args: argparse.Namespace) -> dict:
-    """``PolicyWorker``'s settings: AdamW (0.9, 0.95), grad clip 1.0, constant LR, no activation checkpointing."""
-    return {
-        "model_path": args.model,
-        "lr": args.lr,
-        "betas": (0.9, 0.95),
-        "eps": 1e-8,
-        "weight_decay": 0.0,
-        "max_norm": 1.0,
-        "seed": 0,
-        "warmup_steps": 0,
-        "total_steps": args.steps,
-        "lr_scheduler": "constant",
-        "min_lr_ratio": 0.0,
-        "trainable": True,
-        "logprob_chunk_size": args.chunk,
-        "gradient_checkpoint": False,
-        "param_dtype": args.param_dtype,
-        "compile": args.compile,
-    }
+def bench_config(args: argparse.Namespace, *flags: str):
+    """The ``molt-train rl`` config of this workload (AdamW (0.9, 0.95), grad clip 1.0, constant LR, no activation
+    checkpointing, PPO token-mean, GRPO), parsed from the trainer's own flags; ``flags``: more of them."""
+    from molt_train.config import parse
+
+    return parse(
+        "rl",
+        [
+            "--env",
+            "molt/gsm8k-v1",
+            "--actor.model_name_or_path",
+            args.model,
+            "--ckpt.output_dir",
+            "unused",
+            "--algo.advantage.estimator",
+            "grpo",
+            "--rollout.n_samples_per_prompt",
+            str(args.samples),
+            "--rollout.batch_size",
+            str(args.prompts),
+            "--rollout.max_new_tokens",
+            str(args.new_tokens),
+            "--data.max_len",
+            str(args.prompt_len + args.new_tokens),
+            "--train.seed",
+            "0",
+            "--train.micro_batch_size",
+            str(args.micro_rows),
+            "--train.max_tokens_per_gpu",
+            str(getattr(args, "max_tokens", 1 << 20)),
+            "--actor.adam.lr",
+            str(args.lr),
+            "--actor.logprob_chunk_size",
+            str(args.chunk),
+            "--actor.param_dtype",
+            args.param_dtype,
+            "--actor.compile" if args.compile else "--no-actor.compile",
+            *flags,
+        ],
+    )
 
 
 def local_port() -> int:
@@ -123,31 +130,43 @@ async def main_async(args: argparse.Namespace) -> None:
     import torch
 
     from molt_envs import SamplingParams, Trajectory
-    from molt_train.algorithms import AdvantageInputs, get_estimator, mismatch_metrics
-    from molt_train.engines.vllm import VLLMEngine, VLLMOptions
-    from molt_train.experience import make_experience, micro_batch, plan_micro_batches
+    from molt_train.algorithms import mismatch_metrics
+    from molt_train.engines.vllm import VLLMEngine
+    from molt_train.experience import make_experience
     from molt_train.policy_worker import PolicyWorker
+    from molt_train.rl_trainer import estimate_advantages, shape_and_filter
+    from molt_train.worker_group import loss_window, spread
 
-    t0 = time.perf_counter()
-    engine = VLLMEngine(
-        args.model,
-        VLLMOptions(
-            gpu_memory_utilization=args.gpu_memory_utilization,
-            max_model_len=1024,
-            max_num_seqs=args.max_num_seqs,
-            max_num_batched_tokens=16384,
-            num_engines=args.engines,
-        ),
+    cfg = bench_config(
+        args,
+        "--rollout.engine",
+        "vllm",
+        "--train.colocate_all",
+        "--vllm.gpu_memory_utilization",
+        str(args.gpu_memory_utilization),
+        "--vllm.max_model_len",
+        "1024",
+        "--vllm.max_num_seqs",
+        str(args.max_num_seqs),
+        "--vllm.max_num_batched_tokens",
+        "16384",
+        "--vllm.num_engines",
+        str(args.engines),
     )
+    t0 = time.perf_counter()
+    engine = VLLMEngine(args.model, cfg.vllm, seed=cfg.train.seed)
     t_engine = time.perf_counter() - t0
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # cpu: a dry run of this script with a stand-in engine
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    temperature = cfg.sampling_temperature
 
     def synchronize() -> None:
         if device == "cuda":
             torch.cuda.synchronize()
 
-    worker = PolicyWorker(0, 1, "127.0.0.1", local_port(), worker_cfg(args))
-    cfg = worker.config
+    worker = PolicyWorker(
+        0, 1, "127.0.0.1", local_port(), cfg.actor, args.model, seed=cfg.train.seed, total_steps=args.steps
+    )
+    model_cfg = worker.config
     matmul_params = count_matmul_params(worker)
     print(
         f"engine {t_engine:.1f}s, policy loaded {time.perf_counter() - t0:.1f}s; matmul params "
@@ -156,8 +175,8 @@ async def main_async(args: argparse.Namespace) -> None:
     )
 
     async def sync(check: bool) -> list[str]:
-        """The trainer's colocated sync: rank 0 packs bf16 buckets, the engine loads them by CUDA IPC."""
-        payloads, nbytes = worker.share_weights("bfloat16", engine.options.bucket_bytes)
+        """The trainer's colocated sync: rank 0 packs buckets, the engine loads them by CUDA IPC."""
+        payloads, nbytes = worker.share_weights(cfg.vllm.dtype, cfg.vllm.bucket_bytes)
         try:
             await engine.load_shared_buckets(payloads, nbytes)
             if not check:
@@ -171,15 +190,16 @@ async def main_async(args: argparse.Namespace) -> None:
     initial = await sync(check=True)
     print(f"before training: {len(initial)} vLLM params differ from the policy's {initial[:3]}", flush=True)
 
-    prompts = random_prompts(args.prompts, args.prompt_len, cfg.vocab_size, seed=1)
-    estimator = get_estimator("grpo")
+    prompts = random_prompts(args.prompts, args.prompt_len, model_cfg.vocab_size, seed=1)
     rows = [(i, j) for i in range(args.prompts) for j in range(args.samples)]
 
     async def generate(step: int) -> tuple[list, float]:
         """One step's 256 generations and their wall time."""
         start = time.perf_counter()
         params = [
-            SamplingParams(temperature=1.0, max_tokens=args.new_tokens, seed=step * 100000 + i * 100 + j)
+            SamplingParams(
+                temperature=cfg.rollout.temperature, max_tokens=args.new_tokens, seed=step * 100000 + i * 100 + j
+            )
             for i, j in rows
         ]
         gens = await asyncio.gather(*[engine.generate(prompts[i], sp) for (i, _), sp in zip(rows, params, strict=True)])
@@ -206,24 +226,22 @@ async def main_async(args: argparse.Namespace) -> None:
             t.append_observation(prompts[i])
             t.append_action(g.token_ids, g.log_probs)
             trajs.append(t)
-        exp = make_experience(trajs, max_len=args.prompt_len + args.new_tokens, pad_id=0)
+        exp = make_experience(trajs, max_len=cfg.data.max_len, pad_id=0)
         lengths = exp.lengths.tolist()
-        # GRPO advantages (milliseconds) before the micro-batches, which carry them
-        exp.advantages, _ = estimator(
-            AdvantageInputs(
-                rewards=exp.rewards, action_mask=exp.action_mask, group_ids=exp.group_ids, rollout_ids=exp.rollout_ids
-            )
-        )
-        micros = [micro_batch(exp, r, 0) for r in plan_micro_batches(lengths, 1, args.micro_rows, 1 << 20)[0]]
+        # the trainer's preparation: reward shaping, then GRPO advantages (milliseconds) before the micro-batches
+        exp, _ = shape_and_filter(exp, cfg)
+        estimate_advantages(exp, cfg)
+        _, (micros,) = spread(exp, 0, 1, cfg.train)
         # in a thread, so that the event loop keeps feeding the engine meanwhile (--overlap)
-        old = [] if args.no_recompute else await asyncio.to_thread(worker.logprobs, micros, 1.0)
+        old = [] if args.no_recompute else await asyncio.to_thread(worker.logprobs, micros, temperature)
         await asyncio.to_thread(synchronize)
         s2 = time.perf_counter()
 
         for mb, logp in zip(micros, old, strict=True) if old else ():  # none with --no-recompute
             mb["extra"] = {"logp_old": logp}
-        num_tokens = int(exp.action_mask.sum())
-        out = await asyncio.to_thread(worker.train_step, micros, {"num_tokens": num_tokens}, LOSS)
+        window = loss_window(exp, cfg.actor.loss_agg_mode)
+        num_tokens = window["num_tokens"]
+        out = await asyncio.to_thread(worker.train_step, micros, window, cfg.algo, temperature)
         await asyncio.to_thread(synchronize)
         s3 = time.perf_counter()
         if args.overlap:
@@ -250,7 +268,7 @@ async def main_async(args: argparse.Namespace) -> None:
         if args.overlap:
             generated, generation_s = pending.result()  # the batch generated during this step
         gen_tokens = sum(len(g.token_ids) for g in gens)
-        train_flops = model_flops(cfg, lengths, matmul_params, passes=3)
+        train_flops = model_flops(model_cfg, lengths, matmul_params, passes=3)
         result = {
             "step": step,
             "sequences": len(rows),
@@ -274,7 +292,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "training_mfu": train_flops / (s3 - s2) / PEAK_FLOPS,
             "logprob_mfu": 0.0
             if args.no_recompute
-            else model_flops(cfg, lengths, matmul_params, passes=1) / (s2 - s1) / PEAK_FLOPS,
+            else model_flops(model_cfg, lengths, matmul_params, passes=1) / (s2 - s1) / PEAK_FLOPS,
             "stale_after_sync": stale,
             "grad_norm": out["grad_norm"],
             "loss": out["loss"],

@@ -59,7 +59,8 @@ async def engine_side(args: argparse.Namespace) -> None:
     from transformers import AutoConfig
 
     from molt_envs import SamplingParams
-    from molt_train.engines.vllm import VLLMEngine, VLLMOptions
+    from molt_train.config import VLLMConfig
+    from molt_train.engines.vllm import VLLMEngine
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -97,7 +98,7 @@ async def engine_side(args: argparse.Namespace) -> None:
 
     engine = VLLMEngine(
         args.model,
-        VLLMOptions(
+        VLLMConfig(
             gpu_memory_utilization=0.5,
             enforce_eager=True,
             max_model_len=1024,

@@ -148,27 +148,21 @@ def main() -> None:
         )
         asyncio.run(bench(engine, "hf", args, vocab))
         return
-    from molt_train.engines.vllm import VLLMEngine, VLLMOptions
+    from molt_train.config import VLLMConfig
+    from molt_train.engines.vllm import VLLMEngine
 
     start = time.perf_counter()
-
-    class Options(VLLMOptions):
-        def engine_kwargs(self, model: str) -> dict:
-            if not args.profile:
-                return super().engine_kwargs(model)
-            return {
-                **super().engine_kwargs(model),
-                "profiler_config": {
-                    "profiler": "torch",
-                    "torch_profiler_dir": str(Path(args.profile).resolve()),
-                    "ignore_frontend": True,
-                    "torch_profiler_with_stack": False,
-                    "delay_iterations": 8,
-                    "max_iterations": 32,
-                },
-            }
-
-    options = Options(
+    profiler = {
+        "profiler_config": {
+            "profiler": "torch",
+            "torch_profiler_dir": str(Path(args.profile).resolve()),
+            "ignore_frontend": True,
+            "torch_profiler_with_stack": False,
+            "delay_iterations": 8,
+            "max_iterations": 32,
+        }
+    }
+    options = VLLMConfig(
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.eager,
         max_model_len=1024,
@@ -178,7 +172,7 @@ def main() -> None:
     )
 
     async def go() -> None:
-        engine = VLLMEngine(args.model, options)
+        engine = VLLMEngine(args.model, options, extra_args=profiler if args.profile else None)
         print(
             f"vllm engine(s) up in {time.perf_counter() - start:.1f}s (eager={args.eager}, {args.engines})", flush=True
         )

@@ -5,8 +5,9 @@
 
 256 sequences (32 prompts x 8 samples) of 128 prompt + 512 response tokens, random ids (what a random-weight model
 generates), random group-normalised advantages. Per step, as the trainer runs it: ``logprobs`` (pi_old recompute,
-forward only) then ``train_step`` (PPO loss, token-mean, one optimizer step) over the trainer's micro-batch plan
-(``plan_micro_batches``: ``--micro-rows`` rows, ``--max-tokens`` tokens). MFU = model FLOPs (6 x matmul parameters x
+forward only) then ``train_step`` (the ``molt-train rl`` config of ``grpo_step_bench.bench_config``: PPO loss,
+token-mean, one optimizer step) over the trainer's micro-batch plan (``worker_group.spread``: ``--micro-rows`` rows,
+``--max-tokens`` tokens). MFU = model FLOPs (6 x matmul parameters x
 tokens + causal attention; forward only: 2x) / time / 790 TFLOP/s, as in ``grpo_step_bench.py``. Each variant runs
 in its own process (``PolicyWorker`` owns the process group). ``--profile`` runs one more step under
 ``torch.profiler`` and prints where the GPU time went (operators and kernels, then by input shape).
@@ -21,13 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_step_bench import (  # noqa: E402
-    LOSS,
     PEAK_FLOPS,
     add_workload_args,
+    bench_config,
     count_matmul_params,
     local_port,
     model_flops,
-    worker_cfg,
 )
 from shapes import record  # noqa: E402
 
@@ -70,18 +70,18 @@ def main() -> None:
 
     import torch
 
-    from molt_train.experience import micro_batch, plan_micro_batches
     from molt_train.policy_worker import PolicyWorker
+    from molt_train.worker_group import loss_window, spread
 
     start = time.perf_counter()
-    worker = PolicyWorker(0, 1, "127.0.0.1", local_port(), worker_cfg(args))
+    cfg = bench_config(args)
+    worker = PolicyWorker(0, 1, "127.0.0.1", local_port(), cfg.actor, args.model, seed=0, total_steps=args.steps)
     config = worker.config
     matmul_params = count_matmul_params(worker)
     exp = experience(args, config.vocab_size)
-    plan = plan_micro_batches(exp.lengths.tolist(), 1, args.micro_rows, args.max_tokens)
-    micros = [micro_batch(exp, rows, 0) for rows in plan[0]]
+    _, (micros,) = spread(exp, 0, 1, cfg.train)
     lengths = exp.lengths.tolist()
-    window = {"num_tokens": int(exp.action_mask.sum())}
+    window = loss_window(exp, cfg.actor.loss_agg_mode)
     variant = f"{args.param_dtype}{'+compile' if args.compile else ''}"
     print(
         f"{variant}: worker ready in {time.perf_counter() - start:.1f}s, {matmul_params / 1e6:.0f}M matmul params, "
@@ -101,7 +101,7 @@ def main() -> None:
         t1 = time.perf_counter()
         for mb, logp in zip(micros, old, strict=True):
             mb["extra"] = {"logp_old": logp}
-        out = worker.train_step(micros, window, LOSS)
+        out = worker.train_step(micros, window, cfg.algo, cfg.sampling_temperature)
         sync()
         return t0, t1, time.perf_counter(), out
 

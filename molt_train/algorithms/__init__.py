@@ -18,7 +18,6 @@ from molt_train.algorithms.is_correction import (
     is_correction,
     mismatch_metrics,
     parse_threshold,
-    validate_is_config,
 )
 from molt_train.algorithms.kl import KL_ESTIMATORS, approx_kl
 from molt_train.algorithms.losses import (
@@ -32,7 +31,7 @@ from molt_train.algorithms.losses import (
     unit_token_counts,
 )
 from molt_train.algorithms.masked import masked_mean
-from molt_train.algorithms.rewards import RewardShaping, dynamic_filtering, shape_rewards
+from molt_train.algorithms.rewards import dynamic_filtering, shape_rewards
 
 __all__ = [
     "ESTIMATORS",
@@ -42,7 +41,6 @@ __all__ = [
     "LOSS_AGG_MODES",
     "POLICY_LOSSES",
     "AdvantageInputs",
-    "RewardShaping",
     "aggregate",
     "approx_kl",
     "dynamic_filtering",
@@ -58,6 +56,5 @@ __all__ = [
     "register_policy_loss",
     "shape_rewards",
     "unit_token_counts",
-    "validate_is_config",
     "whiten",
 ]

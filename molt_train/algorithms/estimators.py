@@ -11,7 +11,14 @@ for one prompt share a ``group_id``.
   ``dr_grpo``) first collapse rows to one reward per rollout (so a rollout
   split into three segments counts once in its group's baseline), compute
   one scalar advantage per rollout, and broadcast it back onto every action
-  token of every segment of that rollout. They ignore ``kl``.
+  token of every segment of that rollout.
+
+KL as a reward (``kl`` with ``kl_coef`` beta > 0) is a per-token reward
+``-beta * kl_t`` on every action token. Every estimator adds its return-to-go
+``sum_{k>=t} -beta * kl_k`` (within the row; ``reinforce`` discounts it with
+gamma) to the advantage of token t: ``reinforce`` folds it into its returns;
+the group estimators add it to the broadcast per-rollout advantage, after the
+group baseline and before whitening. The baseline stays one of task rewards.
 
 Whitening (``reinforce``, ``reinforce_baseline``; off with ``no_whiten``):
 ``(X - mu) * rsqrt(max(var, 1e-8))`` where mu and the (biased) var are taken
@@ -46,7 +53,7 @@ class AdvantageInputs:
     action_mask: (N, L) bool, True on positions the policy generated.
     group_ids: N prompt-group ids. rollout_ids: N rollout ids.
     kl: (N, L) per-token KL (``approx_kl(logp_old, logp_ref, ...)``) or None;
-        read only by ``reinforce``, scaled by ``kl_coef`` (beta).
+        a per-token reward ``-kl_coef * kl`` for every estimator.
     gamma: discount of ``reinforce`` (applied per dense position).
     no_whiten: skip whitening in ``reinforce`` / ``reinforce_baseline``.
     """
@@ -110,6 +117,27 @@ def whiten(values: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask, whitened, torch.zeros_like(whitened))
 
 
+def kl_rewards(inputs: AdvantageInputs) -> Tensor:
+    """The per-token KL reward ``-beta * kl_t`` on action tokens (0 elsewhere, and without a KL), (N, L) float32."""
+    mask = inputs.action_mask
+    zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
+    if inputs.kl is None or inputs.kl_coef == 0.0:
+        return zeros
+    return torch.where(mask, -inputs.kl_coef * inputs.kl.float(), zeros)
+
+
+def returns_to_go(token_rewards: Tensor, gamma: float = 1.0) -> Tensor:
+    """``G_t = sum_{k>=t} gamma^(k-t) r_k`` along each row."""
+    if gamma == 1.0:
+        return token_rewards.flip(1).cumsum(1).flip(1)
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros(token_rewards.shape[0], device=token_rewards.device)
+    for t in reversed(range(token_rewards.shape[1])):
+        running = token_rewards[:, t] + gamma * running
+        returns[:, t] = running
+    return returns
+
+
 @register_estimator("reinforce")
 def reinforce(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """REINFORCE++: r_t = -beta*kl_t + [t = last action token]*R; G_t = sum_k>=t gamma^(k-t) r_k.
@@ -118,25 +146,13 @@ def reinforce(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     multi-turn row included); they carry no reward of their own.
     """
     mask = inputs.action_mask
-    token_rewards = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
-    if inputs.kl is not None and inputs.kl_coef != 0.0:
-        kl = torch.where(mask, inputs.kl.float(), torch.zeros_like(token_rewards))
-        token_rewards = token_rewards - inputs.kl_coef * kl
-    length = mask.shape[1]
-    last_action = length - 1 - mask.flip(1).int().argmax(1)
+    token_rewards = kl_rewards(inputs)
+    last_action = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)
     has_action = mask.any(1)
     rows = torch.arange(mask.shape[0], device=mask.device)[has_action]
     rewards = inputs.rewards.float().to(mask.device)
     token_rewards[rows, last_action[has_action]] += rewards[has_action]
-
-    if inputs.gamma == 1.0:
-        returns = token_rewards.flip(1).cumsum(1).flip(1)
-    else:
-        returns = torch.zeros_like(token_rewards)
-        running = torch.zeros(mask.shape[0], device=mask.device)
-        for t in reversed(range(length)):
-            running = token_rewards[:, t] + inputs.gamma * running
-            returns[:, t] = running
+    returns = returns_to_go(token_rewards, inputs.gamma)
     returns = torch.where(mask, returns, torch.zeros_like(returns))
     advantages = returns if inputs.no_whiten else whiten(returns, mask)
     return advantages, returns
@@ -193,17 +209,18 @@ class _GroupedRollouts:
         sums = torch.zeros(self.num_groups).index_add_(0, self.group_of_rollout, squared)
         return (sums[self.group_of_rollout] / (self.group_size - 1)).sqrt()
 
-    def broadcast(self, per_rollout: Tensor, mask: Tensor) -> Tensor:
-        """Put each rollout's scalar on every action token of each of its rows."""
-        per_row = per_rollout[self.rollout_of_row].to(mask.device)
-        return torch.where(mask, per_row[:, None].expand(mask.shape), torch.zeros(mask.shape, device=mask.device))
+    def broadcast(self, per_rollout: Tensor, inputs: AdvantageInputs) -> Tensor:
+        """Each rollout's scalar on every action token of each of its rows, plus the row's KL return-to-go."""
+        mask = inputs.action_mask
+        per_row = per_rollout[self.rollout_of_row].to(mask.device)[:, None] + returns_to_go(kl_rewards(inputs))
+        return torch.where(mask, per_row, torch.zeros(mask.shape, device=mask.device))
 
 
 @register_estimator("reinforce_baseline")
 def reinforce_baseline(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """A = R - mean(R of the group), then whitened over the batch's action tokens."""
     rollouts = _GroupedRollouts.from_inputs(inputs)
-    returns = rollouts.broadcast(rollouts.reward - rollouts.group_mean, inputs.action_mask)
+    returns = rollouts.broadcast(rollouts.reward - rollouts.group_mean, inputs)
     advantages = returns if inputs.no_whiten else whiten(returns, inputs.action_mask)
     return advantages, returns
 
@@ -215,7 +232,7 @@ def rloo(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     n = rollouts.group_size
     leave_one_out = (n * rollouts.group_mean - rollouts.reward) / (n - 1)
     per_rollout = torch.where(n > 1, rollouts.reward - leave_one_out, rollouts.reward)
-    advantages = rollouts.broadcast(per_rollout, inputs.action_mask)
+    advantages = rollouts.broadcast(per_rollout, inputs)
     return advantages, advantages
 
 
@@ -226,7 +243,7 @@ def grpo(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     centered = rollouts.reward - rollouts.group_mean
     scaled = centered / (rollouts.unbiased_group_std() + GRPO_STD_EPS)
     per_rollout = torch.where(rollouts.group_size > 1, scaled, torch.zeros_like(scaled))
-    advantages = rollouts.broadcast(per_rollout, inputs.action_mask)
+    advantages = rollouts.broadcast(per_rollout, inputs)
     return advantages, advantages
 
 
@@ -234,5 +251,5 @@ def grpo(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
 def dr_grpo(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """A = R - mean(R of the group), no std scaling, no whitening."""
     rollouts = _GroupedRollouts.from_inputs(inputs)
-    advantages = rollouts.broadcast(rollouts.reward - rollouts.group_mean, inputs.action_mask)
+    advantages = rollouts.broadcast(rollouts.reward - rollouts.group_mean, inputs)
     return advantages, advantages

@@ -53,39 +53,6 @@ def parse_threshold(threshold: float | Sequence[float]) -> tuple[float, float]:
     return values[0], values[1]
 
 
-def validate_is_config(
-    level: str,
-    mode: str,
-    async_queue_size: int,
-    partial_rollout: bool,
-    top_p: float,
-    threshold: float | Sequence[float] | None = None,
-) -> None:
-    """Refuse IS-correction settings that would silently train on biased updates."""
-    if level not in IS_LEVELS:
-        raise ValueError(f"unknown is_correction_level {level!r}; choose one of {IS_LEVELS}")
-    if mode not in IS_MODES:
-        raise ValueError(f"unknown is_correction_mode {mode!r}; choose one of {IS_MODES}")
-    if level in ("seq", "geo") and mode != "mask":
-        raise ValueError(
-            f"is_correction_level {level!r} is a sequence rejection filter and needs "
-            f"is_correction_mode 'mask', got {mode!r}; use level 'token' for clip/trunc"
-        )
-    if level == "off" and (async_queue_size > 1 or partial_rollout):
-        raise ValueError(
-            f"async rollout (async_queue_size={async_queue_size}, "
-            f"partial_rollout={partial_rollout}) trains on off-policy samples; enable "
-            "is_correction_level (e.g. geo) or use async_queue_size 1 without partial rollout"
-        )
-    if level != "off" and top_p < 1.0:
-        raise ValueError(
-            f"IS correction needs rollout top_p 1.0, got {top_p}: nucleus renormalisation "
-            "biases the rollout log-probs; set top_p 1.0 or is_correction_level off"
-        )
-    if threshold is not None:
-        parse_threshold(threshold)
-
-
 def is_correction(
     logp_old: Tensor,
     logp_rollout: Tensor,
@@ -103,7 +70,7 @@ def is_correction(
     logged when mask mode drops >= 99.9% of the units.
     """
     if level not in IS_LEVELS or mode not in IS_MODES:
-        raise ValueError(f"bad IS config level={level!r} mode={mode!r}; see validate_is_config")
+        raise ValueError(f"unknown IS correction level={level!r} / mode={mode!r}; choose from {IS_LEVELS} / {IS_MODES}")
     zeros = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device)
     if level == "off":
         return torch.where(mask, torch.ones_like(zeros), zeros), {"is_filter_ratio": zeros.sum()}

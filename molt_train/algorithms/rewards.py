@@ -20,52 +20,15 @@ reward per rollout (0 or negative for the overlong penalty).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from molt_train.algorithms.grouping import index_by
 
-
-@dataclass(frozen=True)
-class RewardShaping:
-    """The ``--reward.*`` settings; invalid combinations fail at construction.
-
-    ``overlong_buffer_len`` 0 disables the overlong penalty and
-    ``stop_properly_penalty_coef`` None disables stop-properly; they are
-    mutually exclusive. ``max_len`` is the length limit the segment lengths
-    are measured against (same unit as the lengths passed to ``shape_rewards``).
-    ``clip_range`` None disables clipping.
-    """
-
-    clip_range: tuple[float, float] | None = (-10.0, 10.0)
-    overlong_buffer_len: int = 0
-    overlong_penalty_factor: float = 1.0
-    stop_properly_penalty_coef: float | None = None
-    max_len: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.clip_range is not None and not self.clip_range[0] <= self.clip_range[1]:
-            raise ValueError(f"reward clip_range must be (low, high) with low <= high, got {self.clip_range}")
-        if self.overlong_buffer_len < 0:
-            raise ValueError(f"overlong_buffer_len must be >= 0 (0 = off), got {self.overlong_buffer_len}")
-        if self.overlong_buffer_len and self.stop_properly_penalty_coef is not None:
-            raise ValueError(
-                f"overlong_buffer_len={self.overlong_buffer_len} and stop_properly_penalty_coef="
-                f"{self.stop_properly_penalty_coef} are both set; they are mutually exclusive "
-                "length penalties, keep one"
-            )
-        if self.overlong_buffer_len:
-            if self.max_len is None or not 0 < self.overlong_buffer_len < self.max_len:
-                raise ValueError(
-                    f"overlong_buffer_len={self.overlong_buffer_len} needs max_len > it, got max_len={self.max_len}"
-                )
-            if self.overlong_penalty_factor < 0:
-                raise ValueError(f"overlong_penalty_factor must be >= 0, got {self.overlong_penalty_factor}")
-        coef = self.stop_properly_penalty_coef
-        if coef is not None and coef > 1:
-            raise ValueError(f"stop_properly_penalty_coef must be in [0, 1] (scale) or < 0 (replace), got {coef}")
+if TYPE_CHECKING:
+    from molt_train.config import RewardConfig
 
 
 def shape_rewards(
@@ -73,12 +36,15 @@ def shape_rewards(
     rollout_ids: Sequence[Hashable],
     lengths: Tensor,
     truncated: Tensor,
-    shaping: RewardShaping,
+    shaping: RewardConfig,
+    max_len: int,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Apply ``shaping`` to per-row rewards (N,), given each row's length and truncation.
+    """Apply the ``--reward.*`` settings to per-row rewards (N,), given each row's length and truncation.
 
-    ``lengths`` (N,) is the segment length measured in the unit of
-    ``shaping.max_len``; ``truncated`` (N,) bool. Returns (shaped rewards (N,)
+    ``lengths`` (N,) is the segment length measured in the unit of ``max_len``
+    (the context limit, ``--data.max_len``); ``truncated`` (N,) bool.
+    ``overlong_buffer_len`` 0 and ``stop_properly_penalty_coef`` None are off;
+    ``clip_range`` None disables clipping. Returns (shaped rewards (N,)
     float32 on the device of ``rewards``, metrics); the work itself is done on CPU.
     """
     n = rewards.shape[0]
@@ -97,7 +63,7 @@ def shape_rewards(
         peak = torch.zeros(num_rollouts).scatter_reduce(
             0, rollout_of_row, lengths.float().cpu(), "amax", include_self=False
         )
-        excess = (peak - (shaping.max_len - buffer)).clamp(0, buffer)
+        excess = (peak - (max_len - buffer)).clamp(0, buffer)
         penalty = -excess / buffer * shaping.overlong_penalty_factor
         shaped = shaped + penalty[rollout_of_row]
         metrics["overlong_penalty"] = penalty.mean()

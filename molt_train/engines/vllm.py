@@ -33,13 +33,15 @@ import os
 import pickle
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from molt_envs import Generation, SamplingParams
 from molt_train.engines.weight_buckets import BUCKET_BYTES, pack, plan_buckets, share
+
+if TYPE_CHECKING:
+    from molt_train.config import VLLMConfig
 
 WORKER_EXTENSION = "molt_train.engines.vllm_worker.WeightSyncExtension"
 VLLM_INSTALL_HINT = (
@@ -48,100 +50,33 @@ VLLM_INSTALL_HINT = (
 )
 
 
-@dataclass
-class VLLMOptions:
-    """The ``--vllm.*`` flags (see ``VLLM_FLAGS``)."""
-
-    num_engines: int = 1
-    tensor_parallel_size: int = 1
-    data_parallel_size: int = 1
-    gpu_memory_utilization: float = 0.35
-    enforce_eager: bool = False
-    enable_prefix_caching: bool = False
-    max_num_batched_tokens: int | None = None
-    max_num_seqs: int | None = None
-    max_model_len: int | None = None
-    dtype: str = "bfloat16"
-    mtp_num_speculative_tokens: int = 0
-    enable_sleep: bool = False
-    seed: int = 0
-    bucket_mb: int = BUCKET_BYTES >> 20
-
-    def __post_init__(self) -> None:
-        for name in ("num_engines", "tensor_parallel_size", "data_parallel_size", "bucket_mb"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"--vllm.{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"--vllm.gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.mtp_num_speculative_tokens < 0:
-            raise ValueError(f"--vllm.mtp_num_speculative_tokens must be >= 0, got {self.mtp_num_speculative_tokens}")
-        if self.mtp_num_speculative_tokens and self.enable_prefix_caching:
-            raise ValueError(
-                "--vllm.mtp_num_speculative_tokens cannot be combined with --vllm.enable_prefix_caching; "
-                "drop one of them"
-            )
-        if self.dtype not in ("bfloat16", "float16", "float32", "auto"):
-            raise ValueError(f"--vllm.dtype must be bfloat16, float16, float32 or auto, got {self.dtype!r}")
-
-    @classmethod
-    def from_namespace(cls, ns: Any) -> VLLMOptions:
-        """From the parsed ``cfg.vllm`` namespace (or any object with these attributes; missing ones keep defaults)."""
-        return cls(**{f.name: getattr(ns, f.name) for f in fields(cls) if hasattr(ns, f.name)})
-
-    @property
-    def bucket_bytes(self) -> int:
-        return self.bucket_mb << 20
-
-    def engine_kwargs(self, model: str) -> dict[str, Any]:
-        """Keyword arguments of ``vllm.AsyncEngineArgs``, for each of the ``num_engines`` engines."""
-        kwargs: dict[str, Any] = {
-            "model": model,
-            "dtype": self.dtype,
-            "tensor_parallel_size": self.tensor_parallel_size,
-            "data_parallel_size": self.data_parallel_size,
-            "gpu_memory_utilization": self.gpu_memory_utilization / self.num_engines,  # each engine's share
-            "enforce_eager": self.enforce_eager,
-            "enable_prefix_caching": self.enable_prefix_caching,
-            "enable_sleep_mode": self.enable_sleep,
-            "seed": self.seed,
-            "logprobs_mode": "processed_logprobs",
-            "generation_config": "vllm",  # never take sampling defaults from the checkpoint
-            "worker_extension_cls": WORKER_EXTENSION,
-            "disable_log_stats": True,
-        }
-        for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
-            if getattr(self, name) is not None:
-                kwargs[name] = getattr(self, name)
-        if self.max_num_seqs and self.max_num_seqs > 512 and not self.enforce_eager:
-            # vLLM captures CUDA graphs up to 512 sequences by default; a fuller decode batch would run without one
-            kwargs["compilation_config"] = {"max_cudagraph_capture_size": self.max_num_seqs}
-        if self.mtp_num_speculative_tokens:
-            kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": self.mtp_num_speculative_tokens}
-        return kwargs
-
-
-# (flag, type, default, help) rows in the format of molt_train.config's flag tables
-VLLM_FLAGS: list[tuple[str, Any, Any, str]] = [
-    (
-        "--vllm.num_engines",
-        int,
-        1,
-        "vLLM engines; with --train.colocate_all all share the one GPU (requests go to "
-        "the least busy, gpu_memory_utilization is split between them)",
-    ),
-    ("--vllm.tensor_parallel_size", int, 1, "tensor-parallel GPUs per vLLM engine"),
-    ("--vllm.data_parallel_size", int, 1, "data-parallel vLLM replicas (single node)"),
-    ("--vllm.gpu_memory_utilization", float, 0.35, "fraction of GPU memory vLLM takes (weights + KV cache)"),
-    ("--vllm.enforce_eager", bool, False, "no CUDA graphs / torch.compile (faster start, slower decode)"),
-    ("--vllm.enable_prefix_caching", bool, False, "reuse KV of shared prefixes (reset at every weight sync)"),
-    ("--vllm.max_num_batched_tokens", int, None, "scheduler token budget per step"),
-    ("--vllm.max_num_seqs", int, None, "sequences decoded together at most"),
-    ("--vllm.max_model_len", int, None, "context length the engine allocates for (default: the model's)"),
-    ("--vllm.dtype", str, "bfloat16", "engine weight dtype"),
-    ("--vllm.mtp_num_speculative_tokens", int, 0, "MTP speculative tokens (0 = off; needs an MTP checkpoint)"),
-    ("--vllm.enable_sleep", bool, False, "free vLLM's GPU memory during training (sleep/wake each step)"),
-    ("--vllm.bucket_mb", int, BUCKET_BYTES >> 20, "weight-sync bucket size in MiB (one transfer per bucket)"),
-]
+def engine_kwargs(options: VLLMConfig, model: str, seed: int = 0) -> dict[str, Any]:
+    """Keyword arguments of ``vllm.AsyncEngineArgs`` from the ``--vllm.*`` flags, for each of the
+    ``options.num_engines`` engines; ``seed``: the run's (``--train.seed``)."""
+    kwargs: dict[str, Any] = {
+        "model": model,
+        "dtype": options.dtype,
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "data_parallel_size": options.data_parallel_size,
+        "gpu_memory_utilization": options.gpu_memory_utilization / options.num_engines,  # each engine's share
+        "enforce_eager": options.enforce_eager,
+        "enable_prefix_caching": options.enable_prefix_caching,
+        "enable_sleep_mode": options.enable_sleep,
+        "seed": seed,
+        "logprobs_mode": "processed_logprobs",
+        "generation_config": "vllm",  # never take sampling defaults from the checkpoint
+        "worker_extension_cls": WORKER_EXTENSION,
+        "disable_log_stats": True,
+    }
+    for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
+        if getattr(options, name) is not None:
+            kwargs[name] = getattr(options, name)
+    if options.max_num_seqs and options.max_num_seqs > 512 and not options.enforce_eager:
+        # vLLM captures CUDA graphs up to 512 sequences by default; a fuller decode batch would run without one
+        kwargs["compilation_config"] = {"max_cudagraph_capture_size": options.max_num_seqs}
+    if options.mtp_num_speculative_tokens:
+        kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": options.mtp_num_speculative_tokens}
+    return kwargs
 
 
 def sampling_kwargs(params: SamplingParams, default_stop_ids: Sequence[int]) -> dict[str, Any]:
@@ -211,10 +146,20 @@ def eos_token_ids(model_path: str, tokenizer: Any) -> list[int]:
 class VLLMEngine:
     """Construct once (blocks while vLLM starts, about a minute compiled, per engine); then use from one event loop.
 
-    ``options.num_engines`` engines start one after another on this process's GPU (vLLM sizes its KV cache from
-    the memory free when it starts), each with ``gpu_memory_utilization / num_engines``."""
+    ``options`` (the ``--vllm.*`` group): ``options.num_engines`` engines start one after another on this process's
+    GPU (vLLM sizes its KV cache from the memory free when it starts), each with
+    ``gpu_memory_utilization / num_engines``; ``seed`` seeds them (``--train.seed``); ``extra_args``: more
+    ``vllm.AsyncEngineArgs`` on top of ``engine_kwargs`` (e.g. a benchmark's profiler config)."""
 
-    def __init__(self, model_path: str, options: VLLMOptions | None = None, *, tokenizer: Any = None) -> None:
+    def __init__(
+        self,
+        model_path: str,
+        options: VLLMConfig,
+        *,
+        seed: int = 0,
+        tokenizer: Any = None,
+        extra_args: dict[str, Any] | None = None,
+    ) -> None:
         try:
             from vllm import AsyncEngineArgs
             from vllm.v1.engine.async_llm import AsyncLLM
@@ -223,7 +168,7 @@ class VLLMEngine:
         from transformers import AutoTokenizer
 
         self.model_path = model_path
-        self.options = options or VLLMOptions()
+        self.options = options
         self.tokenizer = tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_path)
         self.stop_token_ids = eos_token_ids(model_path, self.tokenizer)
         # a forked engine process cannot use CUDA once this process has (a colocated trainer always has)
@@ -232,7 +177,8 @@ class VLLMEngine:
         self.llms = []
         try:
             for _ in range(n):
-                self.llms.append(AsyncLLM.from_engine_args(AsyncEngineArgs(**self.options.engine_kwargs(model_path))))
+                kwargs = {**engine_kwargs(options, model_path, seed), **(extra_args or {})}
+                self.llms.append(AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs)))
         except BaseException:
             self.shutdown()  # the engines already up would otherwise hold their GPU memory until this process exits
             raise
@@ -494,11 +440,10 @@ class NcclWeightSender:
 
 
 __all__ = [
-    "VLLM_FLAGS",
     "NcclWeightSender",
     "broadcast_plan",
     "VLLMEngine",
-    "VLLMOptions",
+    "engine_kwargs",
     "eos_token_ids",
     "sampled_logprobs",
     "sampling_kwargs",

@@ -198,3 +198,43 @@ def test_register_estimator_decorator():
             register_estimator("test_constant")(constant)
     finally:
         del ESTIMATORS["test_constant"]
+
+
+KL = torch.full((4, 3), 0.2)  # with kl_coef 0.5: a reward of -0.1 on every action token
+KL_TO_GO = torch.tensor(  # sum over the row's action tokens at positions >= t of -0.1 (0 off the mask)
+    [
+        [-0.2, -0.1, 0.0],
+        [-0.3, -0.2, -0.1],
+        [0.0, -0.2, -0.1],
+        [-0.1, 0.0, 0.0],
+    ]
+)
+
+
+@pytest.mark.parametrize("name", ["grpo", "rloo", "dr_grpo", "reinforce_baseline"])
+def test_kl_as_a_reward_acts_on_the_group_estimators(name):
+    """KL as a reward is the per-token reward -beta*kl_t: its return-to-go is added to the group advantage
+    (never silently dropped)."""
+    rewards = [1.0, 0.0, 3.0, 1.0]
+    plain, _ = run(name, inputs(rewards, no_whiten=True))
+    adv, ret = run(name, inputs(rewards, kl=KL, kl_coef=0.5, no_whiten=True))
+    torch.testing.assert_close(adv, plain + KL_TO_GO)
+    torch.testing.assert_close(ret, plain + KL_TO_GO)
+
+
+def test_dr_grpo_with_kl_by_hand():
+    adv, _ = run("dr_grpo", inputs([1.0, 0.0, 3.0, 1.0], kl=KL, kl_coef=0.5))
+    # group advantages 0.5, -0.5, 1, -1 plus the KL return-to-go
+    expected = torch.tensor([[0.3, 0.4, 0.0], [-0.8, -0.7, -0.6], [0.0, 0.8, 0.9], [-1.1, 0.0, 0.0]])
+    torch.testing.assert_close(adv, expected)
+
+
+def test_the_group_baseline_ignores_the_kl_and_whitening_follows_it():
+    """reinforce_baseline: centre the task rewards by group, add the KL return-to-go, then whiten."""
+    rewards = [1.0, 0.0, 3.0, 1.0]
+    adv, ret = run("reinforce_baseline", inputs(rewards, kl=KL, kl_coef=0.5))
+    plain, _ = run("reinforce_baseline", inputs(rewards, no_whiten=True))
+    torch.testing.assert_close(ret, plain + KL_TO_GO)
+    mean = ret[MASK].mean()
+    std = ret[MASK].var(unbiased=False).sqrt()
+    torch.testing.assert_close(adv[MASK], (ret[MASK] - mean) / std)

@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from molt_train.algorithms import is_correction, mismatch_metrics, parse_threshold, validate_is_config
+from molt_train.algorithms import is_correction, mismatch_metrics, parse_threshold
 
 T, F = True, False
 MASK = torch.tensor([[T, T, T], [T, T, F]])
@@ -88,28 +88,6 @@ def test_parse_threshold():
     for bad in ([1.01, 0.99], [-1.0, 2.0], [1.0, 2.0, 3.0]):
         with pytest.raises(ValueError, match="LOW HIGH"):
             parse_threshold(bad)
-
-
-def test_validate_is_config_guards():
-    validate_is_config("geo", "mask", async_queue_size=2, partial_rollout=True, top_p=1.0)
-    validate_is_config("token", "trunc", async_queue_size=1, partial_rollout=False, top_p=1.0)
-    validate_is_config("off", "mask", async_queue_size=1, partial_rollout=False, top_p=0.9)
-    with pytest.raises(ValueError, match="'geo' is a sequence rejection filter.*got 'clip'"):
-        validate_is_config("geo", "clip", 1, False, 1.0)
-    with pytest.raises(ValueError, match="'seq' is a sequence rejection filter.*got 'trunc'"):
-        validate_is_config("seq", "trunc", 1, False, 1.0)
-    with pytest.raises(ValueError, match="async_queue_size=2"):
-        validate_is_config("off", "mask", 2, False, 1.0)
-    with pytest.raises(ValueError, match="partial_rollout=True"):
-        validate_is_config("off", "mask", 1, True, 1.0)
-    with pytest.raises(ValueError, match="top_p 1.0, got 0.95"):
-        validate_is_config("token", "mask", 1, False, 0.95)
-    with pytest.raises(ValueError, match="unknown is_correction_level 'tok'"):
-        validate_is_config("tok", "mask", 1, False, 1.0)
-    with pytest.raises(ValueError, match="unknown is_correction_mode 'drop'"):
-        validate_is_config("token", "drop", 1, False, 1.0)
-    with pytest.raises(ValueError, match="LOW HIGH"):
-        validate_is_config("token", "mask", 1, False, 1.0, threshold=[2.0, 1.0])
 
 
 def test_mismatch_metrics_by_hand():

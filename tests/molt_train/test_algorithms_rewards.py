@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from molt_train.algorithms import RewardShaping, dynamic_filtering, shape_rewards
+from molt_train.algorithms import dynamic_filtering, shape_rewards
+from molt_train.config import RewardConfig
 
 # rollout r0 has two segments (rows 0, 1); r1 and r2 one each
 ROLLOUTS = ["r0", "r0", "r1", "r2"]
@@ -11,10 +12,10 @@ ROLLOUTS = ["r0", "r0", "r1", "r2"]
 
 def test_overlong_penalty_uses_the_peak_segment():
     # max_len 10, buffer 4 -> penalty starts above 6 tokens, reaches -factor at 10
-    shaping = RewardShaping(overlong_buffer_len=4, overlong_penalty_factor=1.0, max_len=10)
+    shaping = RewardConfig(overlong_buffer_len=4, overlong_penalty_factor=1.0)
     lengths = torch.tensor([5, 8, 6, 12])
     rewards = torch.ones(4)
-    shaped, metrics = shape_rewards(rewards, ROLLOUTS, lengths, torch.zeros(4, dtype=torch.bool), shaping)
+    shaped, metrics = shape_rewards(rewards, ROLLOUTS, lengths, torch.zeros(4, dtype=torch.bool), shaping, 10)
     # r0: peak 8 (not the sum 13) -> excess 2 -> -2/4 = -0.5 on both segments
     # r1: 6 -> excess 0 ; r2: 12 -> excess 6, capped at 4 -> -1
     torch.testing.assert_close(shaped, torch.tensor([0.5, 0.5, 1.0, 0.0]))
@@ -22,8 +23,8 @@ def test_overlong_penalty_uses_the_peak_segment():
 
 
 def test_overlong_penalty_factor_scales():
-    shaping = RewardShaping(overlong_buffer_len=4, overlong_penalty_factor=0.5, max_len=10)
-    shaped, _ = shape_rewards(torch.ones(1), ["r"], torch.tensor([9]), torch.zeros(1, dtype=torch.bool), shaping)
+    shaping = RewardConfig(overlong_buffer_len=4, overlong_penalty_factor=0.5)
+    shaped, _ = shape_rewards(torch.ones(1), ["r"], torch.tensor([9]), torch.zeros(1, dtype=torch.bool), shaping, 10)
     # excess 3 -> -3/4 * 0.5 = -0.375
     torch.testing.assert_close(shaped, torch.tensor([0.625]))
 
@@ -33,13 +34,13 @@ def test_stop_properly_scales_or_replaces_truncated_rollouts():
     truncated = torch.tensor([False, True, False, True])  # r0 truncated in its 2nd segment, r2 truncated
     lengths = torch.zeros(4)
     shaped, metrics = shape_rewards(
-        rewards, ROLLOUTS, lengths, truncated, RewardShaping(stop_properly_penalty_coef=0.5)
+        rewards, ROLLOUTS, lengths, truncated, RewardConfig(stop_properly_penalty_coef=0.5), 10
     )
     # coef 0.5 in [0, 1] scales: r0 2 -> 1 (both segments), r1 untouched, r2 -1 -> -0.5
     torch.testing.assert_close(shaped, torch.tensor([1.0, 1.0, 2.0, -0.5]))
     assert metrics["stop_properly_penalty"].item() == pytest.approx((-1.0 + 0.0 + 0.5) / 3)
     shaped, metrics = shape_rewards(
-        rewards, ROLLOUTS, lengths, truncated, RewardShaping(stop_properly_penalty_coef=-1.0)
+        rewards, ROLLOUTS, lengths, truncated, RewardConfig(stop_properly_penalty_coef=-1.0), 10
     )
     # coef < 0 replaces: r0 -> -1, r2 -> -1 ; changes -3, 0, 0
     torch.testing.assert_close(shaped, torch.tensor([-1.0, -1.0, 2.0, -1.0]))
@@ -47,28 +48,34 @@ def test_stop_properly_scales_or_replaces_truncated_rollouts():
 
 
 def test_clip_range_runs_after_penalties():
-    shaping = RewardShaping(clip_range=(-1.0, 1.0), overlong_buffer_len=2, max_len=4)
+    shaping = RewardConfig(clip_range=(-1.0, 1.0), overlong_buffer_len=2)
     rewards = torch.tensor([15.0, -20.0, 0.5])
     lengths = torch.tensor([4, 1, 1])
     # 15 - 1 (excess 2 of 2) = 14 -> 1 ; -20 -> -1 ; 0.5 untouched
-    shaped, _ = shape_rewards(rewards, ["a", "b", "c"], lengths, torch.zeros(3, dtype=torch.bool), shaping)
+    shaped, _ = shape_rewards(rewards, ["a", "b", "c"], lengths, torch.zeros(3, dtype=torch.bool), shaping, 4)
     torch.testing.assert_close(shaped, torch.tensor([1.0, -1.0, 0.5]))
     shaped, metrics = shape_rewards(
-        rewards, ["a", "b", "c"], lengths, torch.zeros(3, dtype=torch.bool), RewardShaping()
+        rewards, ["a", "b", "c"], lengths, torch.zeros(3, dtype=torch.bool), RewardConfig(), 4
     )
     torch.testing.assert_close(shaped, torch.tensor([10.0, -10.0, 0.5]))  # default [-10, 10]
     assert metrics == {}
 
 
-def test_reward_shaping_config_errors():
-    with pytest.raises(ValueError, match="mutually exclusive"):
-        RewardShaping(overlong_buffer_len=4, max_len=10, stop_properly_penalty_coef=0.5)
-    with pytest.raises(ValueError, match="needs max_len > it"):
-        RewardShaping(overlong_buffer_len=4)
-    with pytest.raises(ValueError, match="stop_properly_penalty_coef must be in"):
-        RewardShaping(stop_properly_penalty_coef=1.5)
-    with pytest.raises(ValueError, match="clip_range"):
-        RewardShaping(clip_range=(1.0, -1.0))
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--reward.overlong_buffer_len", "4", "--reward.stop_properly_penalty_coef", "0.5"], "mutually exclusive"),
+        (["--reward.overlong_buffer_len", "1024"], "must be shorter than --data.max_len 1024"),
+        (["--reward.stop_properly_penalty_coef", "1.5"], "--reward.stop_properly_penalty_coef must be in"),
+        (["--reward.clip_range", "1", "-1"], "--reward.clip_range"),
+    ],
+)
+def test_reward_shaping_config_errors(flags, message, capsys):
+    from molt_train.config import parse
+
+    with pytest.raises(SystemExit):
+        parse("rl", ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "o", *flags])
+    assert message in capsys.readouterr().err
 
 
 # rows: group, rollout, score

@@ -96,17 +96,18 @@ def test_sft_mask_covers_the_assistant_reply_through_its_end_token(tiny_tokenize
 
 
 def test_lr_schedule_warms_up_then_decays_to_the_floor():
-    from molt_train.policy_worker import _lr_lambda
+    from molt_train.config import ActorConfig
+    from molt_train.policy_worker import lr_factor
 
-    cosine = _lr_lambda({"warmup_steps": 2, "total_steps": 10, "lr_scheduler": "cosine", "min_lr_ratio": 0.1})
+    cosine = lr_factor(ActorConfig(lr_warmup_ratio=0.2, lr_scheduler="cosine", min_lr_ratio=0.1), total_steps=10)
     assert [round(cosine(s), 3) for s in (0, 1, 2, 6, 10, 50)] == [0.5, 1.0, 1.0, 0.55, 0.1, 0.1]
-    constant = _lr_lambda({"warmup_steps": 0, "total_steps": 10, "lr_scheduler": "constant"})
+    constant = lr_factor(ActorConfig(), total_steps=10)
     assert constant(0) == constant(9) == 1.0
 
 
 def test_prepare_shapes_rewards_filters_groups_and_estimates_advantages():
-    from molt_train.config import parse, reward_shaping
-    from molt_train.trainer import RLTrainer
+    from molt_train.config import parse
+    from molt_train.rl_trainer import RLTrainer
 
     cfg = parse(
         "rl",
@@ -127,7 +128,7 @@ def test_prepare_shapes_rewards_filters_groups_and_estimates_advantages():
         ],
     )
     trainer = object.__new__(RLTrainer)  # prepare() is pure tensor work when no extra log-probs are needed
-    trainer.cfg, trainer.shaping, trainer.steps_per_batch, trainer.reference = cfg, reward_shaping(cfg), 1, None
+    trainer.cfg, trainer.steps_per_batch, trainer.reference = cfg, 1, None
     trajs = []
     for group, rewards, truncated in (("solved", (1.0, 1.0), (False, False)), ("mixed", (1.0, 0.0), (False, True))):
         for k, (reward, cut) in enumerate(zip(rewards, truncated, strict=True)):
@@ -149,3 +150,16 @@ def test_the_seats_of_a_game_are_grouped_per_seat_and_segments_stay_in_their_pro
     segment = Trajectory(rollout_id="r0", reward=0.5)
     assert [estimator_group(t, "7:3") for t in (x, o, segment)] == ["7:3/player_1", "7:3/player_2", "7:3"]
     assert x.rollout_id != o.rollout_id
+
+
+def test_a_sandbox_failure_is_its_own_drop_reason():
+    """What the runners record when the sandbox itself failed (tests/molt_envs/test_tool_infra_error.py) is counted
+    as ``rollout/dropped/failure_sandbox``, apart from the env's own failures."""
+    from molt_train.experience import drop_reason
+
+    t = Trajectory(reward=0.0, failure="sandbox: ToolInfraError: the local sandbox failed: channel closed")
+    t.append_observation([1, 2])
+    t.append_action([3], [-0.5])
+    assert drop_reason(t, 64) == "failure_sandbox"
+    t.failure = "step: ValueError: bad label"
+    assert drop_reason(t, 64) == "failure_step"

@@ -14,46 +14,23 @@ import torch
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
 GSM8K = Path(__file__).resolve().parents[2] / "molt_envs" / "envs" / "data" / "gsm8k" / "train.jsonl"
-LOSS = {
-    "kind": "rl",
-    "temperature": 1.0,
-    "loss_mode": "ppo",
-    "eps_low": 0.2,
-    "eps_high": 0.2,
-    "dual_clip": None,
-    "loss_agg_mode": "token-mean",
-    "is_level": "off",
-    "is_mode": "mask",
-    "is_threshold": (0.5, 5.0),
-    "kl_coef": 0.0,
-    "kl_use_loss": False,
-    "kl_estimator": "k1",
-}
 
 
 def run_worker(model_dir: str, param_dtype: str, compile_: bool, port: int, queue) -> None:
     from molt_envs import Trajectory
+    from molt_train.config import ActorConfig, AdamConfig, AlgoConfig
     from molt_train.experience import make_experience, micro_batch, plan_micro_batches
     from molt_train.policy_worker import PolicyWorker
 
     # eps 1: the first Adam step is ~lr * gradient (not its sign), so bf16 noise in tiny gradients stays tiny
-    cfg = {
-        "model_path": model_dir,
-        "lr": 1.0,
-        "betas": (0.9, 0.95),
-        "eps": 1.0,
-        "weight_decay": 0.0,
-        "max_norm": 0,
-        "seed": 0,
-        "warmup_steps": 0,
-        "total_steps": 1,
-        "trainable": True,
-        "logprob_chunk_size": 64,
-        "gradient_checkpoint": False,
-        "param_dtype": param_dtype,
-        "compile": compile_,
-    }
-    worker = PolicyWorker(0, 1, "127.0.0.1", port, cfg)
+    actor = ActorConfig(
+        adam=AdamConfig(lr=1.0, eps=1.0),
+        max_norm=0,
+        logprob_chunk_size=64,
+        param_dtype=param_dtype,
+        compile=compile_,
+    )
+    worker = PolicyWorker(0, 1, "127.0.0.1", port, actor, model_dir, seed=0)
     g = torch.Generator().manual_seed(0)
     trajs = []
     for i in range(16):  # rows of different lengths: padded micro-batches of different widths
@@ -68,7 +45,7 @@ def run_worker(model_dir: str, param_dtype: str, compile_: bool, port: int, queu
     exp.advantages = torch.randn(exp.action_mask.shape, generator=g) * exp.action_mask
     micros = [micro_batch(exp, rows, 0) for rows in plan_micro_batches(exp.lengths.tolist(), 1, 4, 4096)[0]]
     logps = worker.logprobs(micros, 1.0)
-    result = worker.train_step(micros, {"num_tokens": int(exp.action_mask.sum())}, LOSS)
+    result = worker.train_step(micros, {"num_tokens": int(exp.action_mask.sum())}, AlgoConfig(), temperature=1.0)
     after = worker.logprobs(micros, 1.0)
     masked = [lp[mb["action_mask"]] for lp, mb in zip(logps, micros, strict=True)]
     moved = [(a - b)[mb["action_mask"]] for a, b, mb in zip(after, logps, micros, strict=True)]

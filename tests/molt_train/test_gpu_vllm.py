@@ -22,9 +22,10 @@ from molt_train.algorithms import (  # noqa: E402
     mismatch_metrics,
     ppo_loss,
 )
-from molt_train.engines.vllm import VLLMEngine, VLLMOptions  # noqa: E402
+from molt_train.config import VLLMConfig  # noqa: E402
+from molt_train.engines.vllm import VLLMEngine  # noqa: E402
+from molt_train.logprob_model import LogProbModel  # noqa: E402
 from molt_train.models.tiny import build_tiny_model, save_tiny, train_tokenizer  # noqa: E402
-from molt_train.policy_worker import LogProbModel  # noqa: E402
 
 TEXTS = [f"what is {a} plus {b}? the answer is {a + b}." for a in range(40) for b in range(40)]
 
@@ -39,7 +40,7 @@ def colocated(request, tmp_path_factory):
     async def start() -> VLLMEngine:
         return VLLMEngine(
             path,
-            VLLMOptions(gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=512, num_engines=request.param),
+            VLLMConfig(gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=512, num_engines=request.param),
         )
 
     engine = loop.run_until_complete(start())
@@ -168,7 +169,7 @@ def test_trainer_checkpoint_loads_in_vllm_and_survives_sleep_wake(colocated, tmp
     async def scenario():
         engine = VLLMEngine(
             str(tmp_path),
-            VLLMOptions(gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=512, enable_sleep=True),
+            VLLMConfig(gpu_memory_utilization=0.15, enforce_eager=True, max_model_len=512, enable_sleep=True),
         )
         try:
             loaded = await engine.check_weight_update_equal(weights(policy))

@@ -7,7 +7,7 @@ import copy
 import pytest
 import torch
 
-from molt_train.policy_worker import LogProbModel
+from molt_train.logprob_model import LogProbModel
 
 
 def group_batch(prompts: list[list[int]], completions: list[list[list[int]]]):

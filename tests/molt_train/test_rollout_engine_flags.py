@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import importlib.machinery
+import pickle
 import sys
 import time
 import types
@@ -15,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from molt_train.config import parse, vllm_options
+from molt_train.config import parse
+from molt_train.engines.vllm import engine_kwargs
 
 BASE = ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "out"]
 VLLM = [
@@ -60,9 +62,10 @@ def test_the_issue_command_line_parses_into_engine_options(monkeypatch):
     )
     assert cfg.rollout.engine == "vllm" and cfg.train.colocate_all and cfg.train.check_weight_update_equal
     assert cfg.train.partial_rollout_enable is False and cfg.actor.backend == "hf"
-    options = vllm_options(cfg)
+    options = cfg.vllm
     assert options.gpu_memory_utilization == 0.35 and options.enforce_eager and options.max_num_seqs == 64
-    assert options.seed == 7 and options.max_model_len == cfg.data.max_len  # sized to the run, seeded by it
+    kwargs = engine_kwargs(options, "m", cfg.train.seed)  # what the rollout actor starts vLLM with
+    assert kwargs["seed"] == 7 and kwargs["max_model_len"] == cfg.data.max_len  # sized to the run, seeded by it
 
 
 def test_defaults_keep_the_cpu_path():
@@ -107,7 +110,7 @@ def test_disaggregated_placement_parses(monkeypatch):
             "token",
         ],
     )
-    assert not cfg.train.colocate_all and cfg.actor.num_workers == 2 and vllm_options(cfg).num_engines == 1
+    assert not cfg.train.colocate_all and cfg.actor.num_workers == 2 and cfg.vllm.num_engines == 1
     two_way = parse("rl", BASE + VLLM + ["--actor.num_gpus_per_node", "2"])  # 2-way FSDP2, vLLM on rank 0's GPU
     assert two_way.train.colocate_all and two_way.actor.num_workers == 2
 
@@ -115,8 +118,8 @@ def test_disaggregated_placement_parses(monkeypatch):
 def test_engines_sharing_the_colocated_gpu_parse(monkeypatch):
     """Two engine processes on the trainer's GPU, the memory fraction split between them."""
     importable(monkeypatch, "vllm")
-    options = vllm_options(parse("rl", BASE + VLLM + ["--vllm.num_engines", "2"]))
-    assert options.num_engines == 2 and options.engine_kwargs("m")["gpu_memory_utilization"] == 0.175
+    options = parse("rl", BASE + VLLM + ["--vllm.num_engines", "2"]).vllm
+    assert options.num_engines == 2 and engine_kwargs(options, "m")["gpu_memory_utilization"] == 0.175
 
 
 REFUSED = [
@@ -166,12 +169,10 @@ def test_automodel_not_importable_is_a_clear_error(command, monkeypatch, capsys)
 
 
 def test_automodel_when_importable_reaches_the_worker_config(monkeypatch):
-    from molt_train.trainer import worker_cfg
-
     importable(monkeypatch, "nemo_automodel")
     cfg = parse("rl", BASE + ["--actor.backend", "automodel", "--actor.freeze_moe_router"])
-    wcfg = worker_cfg(cfg, "m", total_steps=1)
-    assert wcfg["backend"] == "automodel" and wcfg["freeze_moe_router"] is True
+    actor = pickle.loads(pickle.dumps(cfg.actor))  # the object each PolicyWorker rank receives through Ray
+    assert actor.backend == "automodel" and actor.freeze_moe_router is True
 
 
 # -- the rollout worker on a real tiny model (hf engine) --

@@ -3,6 +3,7 @@ SFT, FSDP2 1-vs-2-worker parity, failure isolation, async overlap, weight-sync e
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -86,8 +87,7 @@ def synthetic_experience(tokenizer_dir: Path, rows: int = 12) -> object:
 
 @pytest.mark.parametrize("agg_mode", ["token-mean", "prompt-mean-token-mean"])
 def test_two_fsdp_workers_give_the_same_update_as_one(sft_run, agg_mode):
-    from molt_train.policy_worker import WorkerGroup
-    from molt_train.trainer import train_window, worker_cfg
+    from molt_train.worker_group import WorkerGroup
 
     # Adam with eps 1 makes the step ~ lr * grad (linear), so tiny float differences stay tiny after the update
     cfg = parse(
@@ -114,27 +114,13 @@ def test_two_fsdp_workers_give_the_same_update_as_one(sft_run, agg_mode):
         ],
     )
     exp = synthetic_experience(sft_run / "hf")
-    loss_cfg = {
-        "kind": "rl",
-        "temperature": 1.0,
-        "loss_mode": "ppo",
-        "eps_low": 0.2,
-        "eps_high": 0.2,
-        "dual_clip": None,
-        "loss_agg_mode": agg_mode,
-        "is_level": "off",
-        "is_mode": "mask",
-        "is_threshold": (0.5, 5.0),
-        "kl_coef": 0.0,
-        "kl_use_loss": False,
-        "kl_estimator": "k1",
-    }
     states, metrics = [], []
     for workers in (1, 2):
-        group = WorkerGroup(workers, worker_cfg(cfg, str(sft_run / "hf"), total_steps=1))
+        actor = dataclasses.replace(cfg.actor, num_workers=workers)
+        group = WorkerGroup(actor, cfg.train, str(sft_run / "hf"))
         try:
             before = group.call("full_state_dict")[0]
-            metrics.append(train_window(group, exp, cfg, 0, loss_cfg))
+            metrics.append(group.train_step(exp, 0, cfg.algo, temperature=1.0))
             states.append(group.call("full_state_dict")[0])
         finally:
             group.shutdown()
@@ -169,7 +155,7 @@ RL_FLAGS = [
 
 @pytest.fixture(scope="module")
 def rl_run(sft_run, tmp_path_factory):
-    from molt_train.trainer import RLTrainer
+    from molt_train.rl_trainer import RLTrainer
 
     out = tmp_path_factory.mktemp("rl")
     cfg = parse(
@@ -222,7 +208,7 @@ def test_rollout_of_the_next_step_overlaps_training(rl_run):
 
 
 def test_force_sync_mode_waits_for_the_weight_sync(sft_run, tmp_path):
-    from molt_train.trainer import RLTrainer
+    from molt_train.rl_trainer import RLTrainer
 
     cfg = parse(
         "rl",
@@ -431,7 +417,7 @@ def test_jsonl_prompt_dataset_overrides_the_env_split(tmp_path):
     rows = load_rows(cfg)
     assert rows[1] == {"prompt": [{"role": "user", "content": "3+4="}], "label": "7", "reference": None}
     assert load_rows(cfg, "test")[0]["prompt"][-1]["content"].endswith("=")  # eval still reads the env's split
-    cfg.data.input_key = "question"
+    cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, input_key="question"))
     with pytest.raises(ValueError, match="set --data.input_key"):
         load_rows(cfg)
 
@@ -488,7 +474,7 @@ async def test_timeouts_and_raising_runners_are_dropped_by_reason(sft_run):
 
 def test_one_rl_step_through_the_registered_chat_agent(sft_run, tmp_path):
     """`molt/chat-gsm8k-v1` (stock OpenAI SDK against the session server) feeds a real RL step."""
-    from molt_train.trainer import RLTrainer
+    from molt_train.rl_trainer import RLTrainer
 
     cfg = parse(
         "rl",
@@ -525,10 +511,27 @@ def test_one_rl_step_through_the_registered_chat_agent(sft_run, tmp_path):
     assert record["train/tokens"] > 0  # the captured segments' action tokens were trained on
 
 
-def test_gpu_placement_names_what_is_missing_on_a_cluster_without_gpus(ray_local):
-    """The vllm engine's placement group asks one GPU per trainer rank (+ the engine's); a cluster short of them
-    gets an error naming the flags, not a placement group that waits forever."""
-    from molt_train.trainer import gpu_placement
+def test_the_placement_group_is_reserved_and_scheduled_into(ray_local):
+    """``placement.reserve`` makes a planned placement group real; an actor asked into one of its bundles runs
+    there (the CPU stands in for the GPU bundles of the vllm paths)."""
+    import ray
 
-    with pytest.raises(RuntimeError, match=r"2 GPUs, but the Ray cluster has 0; add --train.colocate_all"):
-        gpu_placement(2)
+    from molt_train.placement import Placement, in_bundle, reserve
+
+    plan = Placement(
+        trainer_gpus=0.0,
+        engine_gpus=0.0,
+        weight_sync="object_store",
+        rollout_threads=1,
+        trainer_threads=1,
+        reference_threads=1,
+        bundles=({"CPU": 1.0},),
+        trainer_bundles=(0,),
+    )
+    group = reserve(plan)
+    try:
+        probe = ray.remote(num_cpus=1)(lambda: ray.get_runtime_context().get_placement_group_id())
+        assert ray.get(probe.options(**in_bundle(group, 0)).remote()) == group.id.hex()
+    finally:
+        ray.util.remove_placement_group(group)
+    assert reserve(dataclasses.replace(plan, bundles=())) is None and in_bundle(None, 0) == {}

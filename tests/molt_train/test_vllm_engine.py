@@ -3,25 +3,26 @@ the optional import, and the actor backends. The engine itself runs in test_gpu_
 
 from __future__ import annotations
 
+import dataclasses
 import pickle
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 import torch
 
 from molt_envs import SamplingParams
 from molt_train.actor_backend import freeze_router, load_policy_model
+from molt_train.config import RLConfig, VLLMConfig, parse
 from molt_train.engines.vllm import (
-    VLLM_FLAGS,
     VLLMEngine,
-    VLLMOptions,
     broadcast_plan,
+    engine_kwargs,
     sampled_logprobs,
     sampling_kwargs,
 )
 from molt_train.engines.weight_buckets import ALIGN, TensorMeta, pack, plan_buckets, share, unpack
+from molt_train.flags import flags as flag_list
 
 
 def test_importing_the_engine_module_does_not_import_vllm():
@@ -34,7 +35,7 @@ def test_engine_without_vllm_names_the_fix():
     if _has_vllm():
         pytest.skip("vllm is installed here")
     with pytest.raises(ImportError, match="--rollout.engine vllm needs vLLM"):
-        VLLMEngine("/nonexistent")
+        VLLMEngine("/nonexistent", VLLMConfig())
 
 
 def _has_vllm() -> bool:
@@ -44,7 +45,7 @@ def _has_vllm() -> bool:
 
 
 def test_engine_kwargs_pin_logprob_mode_worker_extension_and_generation_config():
-    kw = VLLMOptions().engine_kwargs("/m")
+    kw = engine_kwargs(VLLMConfig(), "/m")
     assert kw["model"] == "/m" and kw["dtype"] == "bfloat16"
     assert kw["logprobs_mode"] == "processed_logprobs"
     assert kw["worker_extension_cls"] == "molt_train.engines.vllm_worker.WeightSyncExtension"
@@ -54,53 +55,55 @@ def test_engine_kwargs_pin_logprob_mode_worker_extension_and_generation_config()
 
 
 def test_engine_kwargs_pass_scaling_knobs_through():
-    kw = VLLMOptions(
-        tensor_parallel_size=2,
-        data_parallel_size=4,
-        enforce_eager=True,
-        max_num_batched_tokens=32768,
-        mtp_num_speculative_tokens=1,
-        enable_sleep=True,
-        dtype="float16",
-    ).engine_kwargs("/m")
+    kw = engine_kwargs(
+        VLLMConfig(
+            tensor_parallel_size=2,
+            data_parallel_size=4,
+            enforce_eager=True,
+            max_num_batched_tokens=32768,
+            mtp_num_speculative_tokens=1,
+            enable_sleep=True,
+            dtype="float16",
+        ),
+        "/m",
+        seed=3,
+    )
     assert (kw["tensor_parallel_size"], kw["data_parallel_size"]) == (2, 4)
     assert kw["enforce_eager"] is True and kw["max_num_batched_tokens"] == 32768 and kw["dtype"] == "float16"
     assert kw["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
-    assert kw["enable_sleep_mode"] is True
+    assert kw["enable_sleep_mode"] is True and kw["seed"] == 3
 
 
 def test_cuda_graphs_cover_a_full_decode_batch_above_vllms_512_default():
-    assert VLLMOptions(max_num_seqs=1024).engine_kwargs("/m")["compilation_config"] == {
+    assert engine_kwargs(VLLMConfig(max_num_seqs=1024), "/m")["compilation_config"] == {
         "max_cudagraph_capture_size": 1024
     }
-    assert "compilation_config" not in VLLMOptions(max_num_seqs=256).engine_kwargs("/m")  # vLLM's default covers it
-    assert "compilation_config" not in VLLMOptions(max_num_seqs=1024, enforce_eager=True).engine_kwargs("/m")
+    assert "compilation_config" not in engine_kwargs(VLLMConfig(max_num_seqs=256), "/m")  # vLLM's default covers it
+    assert "compilation_config" not in engine_kwargs(VLLMConfig(max_num_seqs=1024, enforce_eager=True), "/m")
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "message"),
+    ("flags", "message"),
     [
-        ({"tensor_parallel_size": 0}, "tensor_parallel_size must be >= 1"),
-        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization must be in"),
-        ({"mtp_num_speculative_tokens": 1, "enable_prefix_caching": True}, "cannot be combined"),
-        ({"dtype": "fp8"}, "--vllm.dtype must be"),
+        (["--vllm.tensor_parallel_size", "0"], "tensor_parallel_size must be >= 1"),
+        (["--vllm.gpu_memory_utilization", "1.5"], "gpu_memory_utilization must be in"),
+        (["--vllm.mtp_num_speculative_tokens", "1", "--vllm.enable_prefix_caching"], "cannot be combined"),
+        (["--vllm.dtype", "fp8"], "--vllm.dtype 'fp8' is unknown; choose one of"),
     ],
 )
-def test_bad_options_are_refused_naming_the_flag(kwargs, message):
-    with pytest.raises(ValueError, match=message):
-        VLLMOptions(**kwargs)
+def test_bad_options_are_refused_naming_the_flag(flags, message, capsys):
+    with pytest.raises(SystemExit):
+        parse("rl", ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "o", *flags])
+    assert message in capsys.readouterr().err
 
 
-def test_flags_table_matches_the_options():
-    defaults = VLLMOptions()
-    for flag, _, default, help_text in VLLM_FLAGS:
-        name = flag.removeprefix("--vllm.")
-        assert hasattr(defaults, name), flag
-        assert getattr(defaults, name) == default, flag
-        assert help_text
-    ns = SimpleNamespace(gpu_memory_utilization=0.6, enforce_eager=True, unrelated=1)
-    opts = VLLMOptions.from_namespace(ns)
-    assert opts.gpu_memory_utilization == 0.6 and opts.enforce_eager and opts.tensor_parallel_size == 1
+def test_every_option_is_a_vllm_flag_with_its_default_and_help():
+    rl = {f.name: f for f in flag_list(RLConfig, "rl")}
+    defaults = VLLMConfig()
+    for field in dataclasses.fields(VLLMConfig):
+        flag = rl[f"vllm.{field.name}"]
+        assert flag.default == getattr(defaults, field.name) and flag.help, field.name
+    assert defaults.bucket_bytes == defaults.bucket_mb << 20
 
 
 def test_sampling_kwargs_pin_the_whole_set():

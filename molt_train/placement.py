@@ -1,0 +1,129 @@
+"""Where an RL run's actors go: ``plan_placement`` turns the config and the cluster's size into one ``Placement``.
+
+The decision, in one place:
+
+- ``--rollout.engine hf`` (the CPU default): no placement group. Trainer ranks take a whole GPU each when the cluster
+  has enough (else they run on the CPU); the rollout actor takes none. With ``--train.colocate_all`` on a GPU
+  cluster, the ranks, the reference and the rollout actor share the GPUs as fractions of them. Weights travel as a
+  state dict through Ray's object store.
+- ``--rollout.engine vllm --train.colocate_all``: a placement group of one-GPU bundles, bundle i holding trainer rank
+  i (and its reference rank); the engine shares bundle 0 with rank 0, so trainer and engine sync by CUDA IPC.
+- ``--rollout.engine vllm`` alone (disaggregated): one more bundle, a GPU of the engine's own; rank 0 broadcasts the
+  weights to it over NCCL.
+
+Actors that share a GPU take ``COLOCATED_GPU_FRACTION`` of it each. CPU threads are split between the processes that
+compute at the same time (rollout and training overlap unless ``--train.force_sync_mode``).
+
+Multi-node notes (the value is shaped for it; the trainer does not spread over nodes yet): every trainer rank has a
+bundle of its own, so a rank always packs with its GPU whatever ``strategy`` says; the rendezvous of a group is
+hosted on its rank 0's node (``worker_group.WorkerGroup``), never assumed to be the driver's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from molt_train.runtime import cpu_threads
+
+if TYPE_CHECKING:
+    from molt_train.config import RLConfig
+
+COLOCATED_GPU_FRACTION = 0.25  # policy, reference and rollout actors on one GPU: at most 3 x 0.25
+PLACEMENT_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The topology of one RL run (pure data: computed, compared, logged; ``reserve`` makes it real).
+
+    trainer_gpus: each policy (and reference) rank's share of a GPU; 0 = on the CPU.
+    engine_gpus: the rollout actor's share of a GPU; 0 = on the CPU.
+    bundles: the placement group's bundles, () for none; ``strategy`` how Ray places them.
+    trainer_bundles: the bundle of each trainer rank (rank i -> ``trainer_bundles[i]``), () without a group.
+    engine_bundle: the rollout actor's bundle, None without a group.
+    weight_sync: "object_store" (the hf engine: a CPU state dict), "cuda_ipc" (vllm on rank 0's GPU) or "nccl"
+        (vllm on a GPU of its own, rank 0 broadcasts).
+    rollout_threads / trainer_threads / reference_threads: torch CPU threads of each process.
+    """
+
+    trainer_gpus: float
+    engine_gpus: float
+    weight_sync: str
+    rollout_threads: int
+    trainer_threads: int
+    reference_threads: int
+    bundles: tuple[dict[str, float], ...] = ()
+    strategy: str = "STRICT_PACK"
+    trainer_bundles: tuple[int, ...] = ()
+    engine_bundle: int | None = None
+
+
+def plan_placement(cfg: RLConfig, cluster_gpus: float, host_cpus: int) -> Placement:
+    """The placement of ``cfg``'s actors on a cluster with ``cluster_gpus`` GPUs and ``host_cpus`` cores per host.
+
+    Raises:
+        RuntimeError: the cluster cannot hold it; the message names the flags to change.
+    """
+    engine, ranks = cfg.rollout.engine, cfg.actor.num_workers
+    if engine == "vllm" and cluster_gpus <= 0:
+        raise RuntimeError(
+            "--rollout.engine vllm needs a GPU, and the Ray cluster has none; use --rollout.engine hf or run on a "
+            "GPU machine"
+        )
+    colocated = cfg.train.colocate_all and cluster_gpus > 0
+    nccl = engine == "vllm" and not colocated
+    # a rank shares its GPU with the other group (and, colocated, with the engine); an engine of its own takes a
+    # whole GPU; the hf engine without --train.colocate_all runs on the CPU
+    share = COLOCATED_GPU_FRACTION if colocated or nccl else 1.0
+    trainer_gpus = share if cluster_gpus >= ranks * share else 0.0
+    engine_gpus = COLOCATED_GPU_FRACTION if colocated else (1.0 if nccl else 0.0)
+    overlap = 0 if cfg.train.force_sync_mode else 1  # rollout overlaps training: they split the cores
+
+    def threads(concurrent: int) -> int:
+        return cpu_threads(cfg.actor.num_threads, concurrent, host_cpus)
+
+    plan: dict[str, Any] = {
+        "trainer_gpus": trainer_gpus,
+        "engine_gpus": engine_gpus,
+        "weight_sync": "nccl" if nccl else ("cuda_ipc" if engine == "vllm" else "object_store"),
+        "rollout_threads": threads(1 + overlap * ranks),
+        "trainer_threads": threads(ranks + overlap),
+        "reference_threads": threads(ranks),
+    }
+    if engine != "vllm":
+        return Placement(**plan)
+    bundles = ({"GPU": 1.0},) * (ranks + int(nccl))
+    if cluster_gpus < len(bundles):
+        raise RuntimeError(
+            f"--rollout.engine vllm puts each of the --actor.num_workers trainer ranks on a GPU of its own, and "
+            f"the engine too unless --train.colocate_all: {len(bundles)} GPUs, but the Ray cluster has "
+            f"{cluster_gpus:g}; add --train.colocate_all or use fewer trainer ranks"
+        )
+    return Placement(
+        **plan,
+        bundles=bundles,
+        trainer_bundles=tuple(range(ranks)),
+        engine_bundle=ranks if nccl else 0,
+    )
+
+
+def reserve(placement: Placement) -> Any:
+    """The Ray placement group of ``placement`` once its bundles are reserved (None when it has none)."""
+    if not placement.bundles:
+        return None
+    import ray
+    from ray.util.placement_group import placement_group
+
+    group = placement_group([dict(b) for b in placement.bundles], strategy=placement.strategy)
+    ray.get(group.ready(), timeout=PLACEMENT_TIMEOUT_S)
+    return group
+
+
+def in_bundle(group: Any, bundle: int | None) -> dict[str, Any]:
+    """Ray ``.options(...)`` that schedule an actor or task in ``bundle`` of ``group`` (nothing without a group)."""
+    if group is None or bundle is None:
+        return {}
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)}

@@ -1,0 +1,144 @@
+"""``WorkerGroup``: the FSDP2 ranks of one model (the policy, or the frozen reference) as Ray actors, seen from the
+controller, and the two calls that spread a batch over them: ``train_step`` (one optimizer step) and ``logprobs``.
+
+A batch is split into per-rank micro-batches by ``experience.plan_micro_batches`` under ``--train.micro_batch_size``
+and ``--train.max_tokens_per_gpu``; the loss denominators of the whole optimizer window go with every micro-batch.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from molt_train.experience import Experience, micro_batch, plan_micro_batches
+from molt_train.placement import in_bundle
+from molt_train.policy_worker import PolicyWorker, free_port
+
+if TYPE_CHECKING:
+    from molt_train.config import ActorConfig, AlgoConfig, TrainConfig
+
+
+class WorkerGroup:
+    """``actor.num_workers`` PolicyWorker Ray actors forming one FSDP2 process group.
+
+    Args:
+        actor: the ``--actor.*`` group, handed to every rank as is.
+        train: the ``--train.*`` group (seed, micro-batch limits).
+        model_path: the checkpoint the ranks load (the policy's, a resumed one, or the reference's).
+        total_steps: optimizer steps of the run (the LR schedule). trainable: False for the frozen reference.
+        gpus: each rank's share of a GPU (0: CPU); placement / bundles: the Ray placement group and the bundle of
+            each rank (rank i in ``bundles[i]``), or None.
+    """
+
+    def __init__(
+        self,
+        actor: ActorConfig,
+        train: TrainConfig,
+        model_path: str,
+        *,
+        total_steps: int = 1,
+        trainable: bool = True,
+        num_threads: int = 0,
+        gpus: float = 0.0,
+        placement: Any = None,
+        bundles: tuple[int, ...] = (),
+        name: str = "policy",
+    ) -> None:
+        import ray
+
+        self.name, self.actor, self.train = name, actor, train
+        ranks = actor.num_workers
+        bundle = dict(enumerate(bundles))
+        # the rendezvous lives on rank 0's node: a task in its bundle picks the port there (the driver's without one)
+        probe = ray.remote(num_cpus=0)(free_port).options(**in_bundle(placement, bundle.get(0)))
+        addr, port = ray.get(probe.remote()) if placement is not None else free_port()
+        remote = ray.remote(num_cpus=0, num_gpus=gpus)(PolicyWorker)
+        self.workers = [
+            remote.options(**in_bundle(placement, bundle.get(rank))).remote(
+                rank,
+                ranks,
+                addr,
+                port,
+                actor,
+                model_path,
+                seed=train.seed,
+                total_steps=total_steps,
+                trainable=trainable,
+                num_threads=num_threads,
+            )
+            for rank in range(ranks)
+        ]
+
+    def train_step(
+        self, exp: Experience, pad_id: int, algo: AlgoConfig | None = None, temperature: float = 1.0
+    ) -> dict[str, float]:
+        """One optimizer step over ``exp`` spread over the ranks (``algo``: the RL loss; None: SFT); returns the
+        loss, grad norm and learning rate, and the loss's metrics averaged over the window's tokens."""
+        plan, per_rank = spread(exp, pad_id, len(self.workers), self.train)
+        window = loss_window(exp, "token-mean" if algo is None else self.actor.loss_agg_mode)
+        results = self.call("train_step", per_rank, window=window, algo=algo, temperature=temperature)
+        tokens = sum(r["tokens"] for r in results)
+        out = {
+            "loss": sum(r["loss"] for r in results),
+            "grad_norm": results[0]["grad_norm"],
+            "lr": results[0]["lr"],
+            "train/micro_batches": float(len(plan[0])),
+            "train/tokens": float(tokens),
+        }
+        for key in results[0]["weighted"]:
+            out[key] = sum(r["weighted"].get(key, 0.0) for r in results) / max(tokens, 1)
+        return out
+
+    def logprobs(self, exp: Experience, pad_id: int, temperature: float) -> torch.Tensor:
+        """Forward-only log-probs of every row, (N, L-1), computed across the ranks."""
+        plan, per_rank = spread(exp, pad_id, len(self.workers), self.train)
+        outputs = self.call("logprobs", per_rank, temperature=temperature)
+        result = torch.zeros(exp.action_mask.shape)
+        for micros, outs in zip(plan, outputs, strict=True):
+            for rows, out in zip(micros, outs, strict=True):
+                if rows:
+                    result[torch.tensor(rows), : out.shape[1]] = out
+        return result
+
+    def call(self, method: str, *per_rank: list[Any], **same: Any) -> list[Any]:
+        """Call ``method`` on every rank (rank i gets ``per_rank[j][i]`` as positional j) and wait for all."""
+        import ray
+
+        refs = [getattr(w, method).remote(*(args[i] for args in per_rank), **same) for i, w in enumerate(self.workers)]
+        return ray.get(refs)
+
+    def call_async(self, method: str, **same: Any) -> list[Any]:
+        return [getattr(w, method).remote(**same) for w in self.workers]
+
+    def shutdown(self) -> None:
+        import ray
+
+        try:
+            ray.get([w.shutdown.remote() for w in self.workers], timeout=30)
+        finally:
+            for w in self.workers:
+                ray.kill(w)
+
+
+def spread(
+    exp: Experience, pad_id: int, ranks: int, train: TrainConfig
+) -> tuple[list[list[list[int]]], list[list[dict[str, Any]]]]:
+    """``exp``'s rows planned over ``ranks`` (``plan[rank][micro]`` row lists, within ``--train.micro_batch_size``
+    and ``--train.max_tokens_per_gpu``) and the micro-batches of that plan, per rank."""
+    plan = plan_micro_batches(exp.lengths.tolist(), ranks, train.micro_batch_size, train.max_tokens_per_gpu)
+    return plan, [[micro_batch(exp, rows, pad_id) for rows in micros] for micros in plan]
+
+
+def loss_window(exp: Experience, loss_agg_mode: str) -> dict[str, Any]:
+    """The denominators of one optimizer step over ``exp``, which every micro-batch's loss divides by: its action
+    tokens, and for the grouped ``--actor.loss_agg_mode``s the action tokens of each unit (rollout or prompt)."""
+    mask = exp.action_mask
+    window: dict[str, Any] = {"num_tokens": int(mask.sum())}
+    if loss_agg_mode != "token-mean":
+        units = exp.rollout_ids if loss_agg_mode == "seq-mean-token-mean" else exp.group_ids
+        counts: dict[str, int] = {}
+        for unit, n in zip(units, mask.sum(1).tolist(), strict=True):
+            counts[unit] = counts.get(unit, 0) + int(n)
+        window.update(unit_tokens=counts, num_units=sum(1 for n in counts.values() if n > 0))
+    return window

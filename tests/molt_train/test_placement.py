@@ -1,0 +1,68 @@
+"""``plan_placement``: the whole topology of an RL run from its flags and the cluster's size, as a pure value."""
+
+from __future__ import annotations
+
+import importlib.machinery
+import sys
+import types
+
+import pytest
+
+from molt_train.config import parse
+from molt_train.placement import COLOCATED_GPU_FRACTION, Placement, plan_placement
+
+BASE = ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "out"]
+VLLM = ["--rollout.engine", "vllm"]
+
+
+@pytest.fixture(autouse=True)
+def vllm_importable(monkeypatch):
+    """The config's import probe sees a vllm module (no code of it runs)."""
+    module = types.ModuleType("vllm")
+    module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+
+
+def plan(*flags: str, gpus: float = 0, cpus: int = 8) -> Placement:
+    return plan_placement(parse("rl", BASE + list(flags)), cluster_gpus=gpus, host_cpus=cpus)
+
+
+def test_the_cpu_default_has_no_placement_group_and_splits_the_cores():
+    p = plan("--actor.num_workers", "2")
+    assert (p.trainer_gpus, p.engine_gpus, p.weight_sync) == (0.0, 0.0, "object_store")
+    assert p.bundles == () and p.trainer_bundles == () and p.engine_bundle is None
+    # rollout overlaps training: the rollout actor and the two ranks share 8 cores
+    assert (p.rollout_threads, p.trainer_threads, p.reference_threads) == (8 // 3, 8 // 3, 8 // 2)
+
+
+def test_strictly_on_policy_rollout_and_training_take_turns_with_every_core():
+    p = plan("--train.force_sync_mode")
+    assert (p.rollout_threads, p.trainer_threads) == (8, 8)
+    assert plan("--actor.num_threads", "3").trainer_threads == 3  # the flag wins
+
+
+def test_hf_on_a_gpu_cluster_gives_each_rank_a_gpu_or_shares_them_colocated():
+    assert (plan(gpus=1).trainer_gpus, plan(gpus=1).engine_gpus) == (1.0, 0.0)
+    assert plan("--actor.num_workers", "2", gpus=1).trainer_gpus == 0.0  # too few GPUs: the ranks stay on the CPU
+    shared = plan("--train.colocate_all", gpus=1)
+    assert shared.trainer_gpus == shared.engine_gpus == COLOCATED_GPU_FRACTION and shared.bundles == ()
+
+
+def test_vllm_colocated_shares_rank_0s_bundle_and_syncs_by_cuda_ipc():
+    p = plan(*VLLM, "--train.colocate_all", "--actor.num_gpus_per_node", "2", gpus=2)
+    assert p.bundles == ({"GPU": 1.0}, {"GPU": 1.0}) and p.strategy == "STRICT_PACK"
+    assert p.trainer_bundles == (0, 1) and p.engine_bundle == 0 and p.weight_sync == "cuda_ipc"
+    assert p.trainer_gpus == p.engine_gpus == COLOCATED_GPU_FRACTION  # policy + reference + engine fit one GPU
+
+
+def test_vllm_disaggregated_gets_a_gpu_of_its_own_and_syncs_by_nccl():
+    p = plan(*VLLM, gpus=2)
+    assert len(p.bundles) == 2 and p.trainer_bundles == (0,) and p.engine_bundle == 1
+    assert (p.engine_gpus, p.trainer_gpus, p.weight_sync) == (1.0, COLOCATED_GPU_FRACTION, "nccl")
+
+
+def test_a_cluster_short_of_gpus_is_refused_naming_the_flags():
+    with pytest.raises(RuntimeError, match=r"2 GPUs, but the Ray cluster has 1; add --train.colocate_all"):
+        plan(*VLLM, gpus=1)
+    with pytest.raises(RuntimeError, match="--rollout.engine vllm needs a GPU, and the Ray cluster has none"):
+        plan(*VLLM, "--train.colocate_all", gpus=0)
