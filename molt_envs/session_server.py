@@ -16,7 +16,10 @@ Routes:
 - ``GET /health``.
 
 ``unix_socket()`` also serves the ``/s/{session_id}/...`` routes (and nothing else) on a unix socket, which a
-sandboxed harness reaches through a read-only bind of its directory (see ``molt_envs.harness``).
+sandboxed harness reaches through a read-only bind of its directory (see ``molt_envs.harness``). There a request
+reaches a session only with that session's ``api_key`` (as ``Authorization: Bearer`` or ``x-api-key``, which is how
+both SDKs and every harness send the key they are given): a jail that knows another session's id still cannot use
+it. On TCP keys are not checked (``molt-train serve`` is for the operator's own clients).
 
 Bad requests (unknown session, malformed JSON, wrong types, empty messages, oversized bodies) get a 4xx whose body
 says what was wrong; only an engine or server fault is a 5xx. Each chat response carries a ``Server-Timing`` header:
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import os
 import shutil
@@ -92,6 +96,7 @@ class SessionServer:
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task | None = None
         self._unix: tuple[str, uvicorn.Server, asyncio.Task] | None = None
+        self._unix_lock = asyncio.Lock()  # concurrent first callers must share one socket
 
     # -- sessions --
     def open_session(
@@ -170,31 +175,43 @@ class SessionServer:
         return self.url
 
     async def unix_socket(self) -> str:
-        """The path of a unix socket (mode 0666, in a directory of its own) serving only the per-session routes.
+        """A unix socket serving each session's routes to that session's key holder only, started on first use.
 
-        A sandboxed client connects to it through a read-only bind of that directory; the session ids are its only
-        keys (the ``/sessions`` routes that open, read and delete sessions are not served there).
+        The socket (mode 0666) sits in a directory of its own: a sandboxed client connects to it through a read-only
+        bind of that directory. Only ``/s/{session_id}/...`` paths are served there, and only to a request that
+        carries the session's ``api_key``; the ``/sessions`` routes (open, read, delete) are not served at all.
+
+        Returns:
+            The socket's path.
+
+        Raises:
+            RuntimeError: if its server could not start.
         """
-        if self._unix is not None:
-            return self._unix[0]
-        directory = tempfile.mkdtemp(prefix="molt-session-")
-        os.chmod(directory, 0o755)  # a jail's unprivileged uid must reach the socket
-        path = os.path.join(directory, "session.sock")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(path)
-        os.chmod(path, 0o666)
-        config = uvicorn.Config(
-            _SessionRoutesOnly(self.app), log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=60
-        )
-        server = _InLoopServer(config)
-        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            if task.done():
-                shutil.rmtree(directory, ignore_errors=True)
-                raise RuntimeError(f"the session server's unix socket failed to start: {task.exception()!r}")
-            await asyncio.sleep(0.005)
-        self._unix = (path, server, task)
-        return path
+        async with self._unix_lock:
+            if self._unix is not None:
+                return self._unix[0]
+            directory = tempfile.mkdtemp(prefix="molt-session-")
+            os.chmod(directory, 0o755)  # a jail's unprivileged uid must reach the socket
+            path = os.path.join(directory, "session.sock")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(path)
+            os.chmod(path, 0o666)
+            config = uvicorn.Config(
+                _KeyHoldersOnly(self.app, self.sessions),
+                log_level="warning",
+                lifespan="off",
+                access_log=False,
+                timeout_keep_alive=60,
+            )
+            server = _InLoopServer(config)
+            task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+            while not server.started:
+                if task.done():
+                    shutil.rmtree(directory, ignore_errors=True)
+                    raise RuntimeError(f"the session server's unix socket failed to start: {task.exception()!r}")
+                await asyncio.sleep(0.005)
+            self._unix = (path, server, task)
+            return path
 
     async def stop(self) -> None:
         for server, task in [(self._server, self._task), self._unix[1:] if self._unix else (None, None)]:
@@ -378,18 +395,37 @@ class _InLoopServer(uvicorn.Server):
         yield
 
 
-class _SessionRoutesOnly:
-    """ASGI wrapper: only ``/s/{session_id}/...`` paths reach the app; anything else is a 403 naming the path."""
+class _KeyHoldersOnly:
+    """ASGI wrapper of the unix socket: only ``/s/{session_id}/...`` paths, and only with that session's key.
 
-    def __init__(self, app: Any) -> None:
+    Anything else is a 403 that names what was missing (never whether another session exists).
+    """
+
+    def __init__(self, app: Any, sessions: dict[str, Session]) -> None:
         self.app = app
+        self.sessions = sessions
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith("/s/"):
-            message = f"{scope['path']} is not served on this socket: it serves only /s/<session_id>/... routes"
-            await JSONResponse(wire_openai.error(message, 403), status_code=403)(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            problem = self._refusal(scope)
+            if problem is not None:
+                await JSONResponse(wire_openai.error(problem, 403), status_code=403)(scope, receive, send)
+                return
         await self.app(scope, receive, send)
+
+    def _refusal(self, scope: dict) -> str | None:
+        path = scope["path"]
+        if not path.startswith("/s/"):
+            return f"{path} is not served on this socket: it serves only /s/<session_id>/... routes"
+        session = self.sessions.get(path[3:].split("/", 1)[0])
+        headers = dict(scope["headers"])
+        offered = headers.get(b"x-api-key") or headers.get(b"authorization", b"").removeprefix(b"Bearer ")
+        if session is None or not hmac.compare_digest(offered, session.api_key.encode()):
+            return (
+                f"{path} is refused: on this socket a session serves only requests that carry its api key "
+                "(ChatContext.api_key, sent as Authorization: Bearer or x-api-key)"
+            )
+        return None
 
 
 def _unknown(session_id: str) -> str:

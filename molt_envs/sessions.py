@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -163,6 +164,7 @@ class Session:
         self.max_length = max_length
         self.session_id = session_id or uuid.uuid4().hex
         self.rollout_id = uuid.uuid4().hex
+        self.api_key = secrets.token_urlsafe(24)  # what a client must send on the server's unix socket
         self.prompt, self.label = prompt, label
         self.segments: list[Trajectory] = []
         self.refused = 0  # calls answered with an empty "length" reply: no room left under max_length
