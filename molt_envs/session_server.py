@@ -65,6 +65,28 @@ class _Problem(Exception):
 
 
 class SessionServer:
+    """Serves every session's OpenAI (Chat Completions, Responses) and Anthropic routes in front of one engine.
+
+    A client gets ``/s/{session_id}/v1`` as its base URL (``urls``); every call it makes there is one turn of that
+    session, captured token-exactly into ``Session.segments``. ``POST /sessions``, ``GET /sessions/{id}/trajectory``
+    and ``DELETE /sessions/{id}`` open, read and close sessions over HTTP; ``open_session``/``close_session`` do it in
+    process.
+
+    Args:
+        engine: generates with token ids and log-probs (``molt_envs.engine.Engine``).
+        tokenizer: a tokenizer with a ``chat_template`` that renders assistant content verbatim.
+        host, port: where ``start`` listens (port 0: a free one).
+        model_name: the model name replies and ``/v1/models`` carry (requests may name any model).
+        params: default sampling parameters of new sessions.
+        max_length: default token budget of a session's conversation (capped by the engine's ``max_positions``).
+        max_body_bytes: a larger request body is a 413.
+        max_sessions: a session opened past this many open ones is a 429.
+        session_ttl_s: seconds an unused session is kept; None keeps sessions until closed.
+
+    Raises:
+        ValueError: if the tokenizer has no usable chat template.
+    """
+
     def __init__(
         self,
         engine: Engine,
@@ -107,6 +129,19 @@ class SessionServer:
         prompt: Any = None,
         label: Any = None,
     ) -> Session:
+        """Open a session (first dropping idle ones past ``session_ttl_s``).
+
+        Args:
+            params: its sampling parameters (default: the server's).
+            max_length: its conversation's token budget (default: the server's; capped by the model's positions).
+            prompt, label: recorded on its segments.
+
+        Returns:
+            The new ``Session``; its routes are served under ``urls(session.session_id)``.
+
+        Raises:
+            _Problem: (HTTP 429) if ``max_sessions`` sessions are open.
+        """
         self._expire_idle()
         if len(self.sessions) >= self.max_sessions:
             raise _Problem(
@@ -123,6 +158,14 @@ class SessionServer:
         return session
 
     def close_session(self, session_id: str) -> Session | None:
+        """Close a session: its routes answer 404 from now on and a call in flight records nothing.
+
+        Args:
+            session_id: the session's id.
+
+        Returns:
+            The closed session (its ``segments`` are final), or None if no such session is open.
+        """
         session = self.sessions.pop(session_id, None)
         if session is not None:
             session.closed = True
@@ -140,13 +183,29 @@ class SessionServer:
             self.close_session(session_id)
 
     def urls(self, session_id: str, root: str | None = None) -> tuple[str, str]:
-        """``(base_url, session_url)``: the OpenAI client's base URL and the Anthropic client's."""
+        """A session's URLs.
+
+        Args:
+            session_id: the session's id.
+            root: the server root as the client reaches it (default: ``url``, set by ``start``).
+
+        Returns:
+            ``(base_url, session_url)``: the OpenAI client's base URL (``.../v1``) and the Anthropic client's.
+        """
         session_url = f"{(root or self.url or '').rstrip('/')}/s/{session_id}"
         return f"{session_url}/v1", session_url
 
     # -- serving --
     async def start(self) -> str:
-        """Serve on the running event loop; returns the root URL (the real port when ``port`` was 0)."""
+        """Serve on the running event loop (a second call returns at once).
+
+        Returns:
+            The root URL, ``http://host:port`` (the real port when ``port`` was 0).
+
+        Raises:
+            OSError: if ``host:port`` cannot be listened on (the message says to pick another).
+            RuntimeError: if the HTTP server failed to start.
+        """
         if self._task is not None:
             return self.url
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -214,6 +273,7 @@ class SessionServer:
             return path
 
     async def stop(self) -> None:
+        """Stop serving (TCP and the unix socket, whose directory is removed); open sessions are kept."""
         for server, task in [(self._server, self._task), self._unix[1:] if self._unix else (None, None)]:
             if server is not None and task is not None:
                 server.should_exit = True
