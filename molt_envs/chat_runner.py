@@ -19,7 +19,6 @@ from molt_envs.runners import Runner, failure_reason
 from molt_envs.trajectory import Trajectory
 
 MODEL_NAME = "policy"
-API_KEY = "EMPTY"
 
 # One server per (event loop, engine, tokenizer): the runner may be driven from several loops (threads, tests).
 _SERVERS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[int, int], Any]] = weakref.WeakKeyDictionary()
@@ -87,7 +86,7 @@ class ChatAgentRunner(Runner):
                 base_url=base_url,
                 session_url=session_url,
                 model_name=MODEL_NAME,
-                api_key=API_KEY,
+                api_key=session.api_key,
                 session_id=session.session_id,
                 sampling_params=params,
                 max_length=max_length,

@@ -211,7 +211,7 @@ class ChatContext:
         messages: the prompt as chat messages. tools: OpenAI function schemas of the row, or None.
         prompt: the last user turn's text. label: the row's label. images: the row's images, or None.
         base_url: for ``openai.AsyncOpenAI(base_url=...)``. session_url: for ``anthropic.AsyncAnthropic(base_url=...)``.
-        model_name, api_key: what to pass to the SDK (the server checks neither).
+        model_name, api_key: what to pass to the SDK (the session's own key: checked on ``session_socket`` only).
         session_id: this rollout's session. sampling_params: the run's params (requests may override some).
         max_length: the token budget of the whole conversation.
     """

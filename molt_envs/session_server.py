@@ -16,7 +16,10 @@ Routes:
 - ``GET /health``.
 
 ``unix_socket()`` also serves the ``/s/{session_id}/...`` routes (and nothing else) on a unix socket, which a
-sandboxed harness reaches through a read-only bind of its directory (see ``molt_envs.harness``).
+sandboxed harness reaches through a read-only bind of its directory (see ``molt_envs.harness``). There a request
+reaches a session only with that session's ``api_key`` (as ``Authorization: Bearer`` or ``x-api-key``, which is how
+both SDKs and every harness send the key they are given): a jail that knows another session's id still cannot use
+it. On TCP keys are not checked (``molt-train serve`` is for the operator's own clients).
 
 Bad requests (unknown session, malformed JSON, wrong types, empty messages, oversized bodies) get a 4xx whose body
 says what was wrong; only an engine or server fault is a 5xx. Each chat response carries a ``Server-Timing`` header:
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import os
 import shutil
@@ -61,6 +65,28 @@ class _Problem(Exception):
 
 
 class SessionServer:
+    """Serves every session's OpenAI (Chat Completions, Responses) and Anthropic routes in front of one engine.
+
+    A client gets ``/s/{session_id}/v1`` as its base URL (``urls``); every call it makes there is one turn of that
+    session, captured token-exactly into ``Session.segments``. ``POST /sessions``, ``GET /sessions/{id}/trajectory``
+    and ``DELETE /sessions/{id}`` open, read and close sessions over HTTP; ``open_session``/``close_session`` do it in
+    process.
+
+    Args:
+        engine: generates with token ids and log-probs (``molt_envs.engine.Engine``).
+        tokenizer: a tokenizer with a ``chat_template`` that renders assistant content verbatim.
+        host, port: where ``start`` listens (port 0: a free one).
+        model_name: the model name replies and ``/v1/models`` carry (requests may name any model).
+        params: default sampling parameters of new sessions.
+        max_length: default token budget of a session's conversation (capped by the engine's ``max_positions``).
+        max_body_bytes: a larger request body is a 413.
+        max_sessions: a session opened past this many open ones is a 429.
+        session_ttl_s: seconds an unused session is kept; None keeps sessions until closed.
+
+    Raises:
+        ValueError: if the tokenizer has no usable chat template.
+    """
+
     def __init__(
         self,
         engine: Engine,
@@ -92,6 +118,7 @@ class SessionServer:
         self._server: uvicorn.Server | None = None
         self._task: asyncio.Task | None = None
         self._unix: tuple[str, uvicorn.Server, asyncio.Task] | None = None
+        self._unix_lock = asyncio.Lock()  # concurrent first callers must share one socket
 
     # -- sessions --
     def open_session(
@@ -102,6 +129,19 @@ class SessionServer:
         prompt: Any = None,
         label: Any = None,
     ) -> Session:
+        """Open a session (first dropping idle ones past ``session_ttl_s``).
+
+        Args:
+            params: its sampling parameters (default: the server's).
+            max_length: its conversation's token budget (default: the server's; capped by the model's positions).
+            prompt, label: recorded on its segments.
+
+        Returns:
+            The new ``Session``; its routes are served under ``urls(session.session_id)``.
+
+        Raises:
+            _Problem: (HTTP 429) if ``max_sessions`` sessions are open.
+        """
         self._expire_idle()
         if len(self.sessions) >= self.max_sessions:
             raise _Problem(
@@ -118,6 +158,14 @@ class SessionServer:
         return session
 
     def close_session(self, session_id: str) -> Session | None:
+        """Close a session: its routes answer 404 from now on and a call in flight records nothing.
+
+        Args:
+            session_id: the session's id.
+
+        Returns:
+            The closed session (its ``segments`` are final), or None if no such session is open.
+        """
         session = self.sessions.pop(session_id, None)
         if session is not None:
             session.closed = True
@@ -135,13 +183,29 @@ class SessionServer:
             self.close_session(session_id)
 
     def urls(self, session_id: str, root: str | None = None) -> tuple[str, str]:
-        """``(base_url, session_url)``: the OpenAI client's base URL and the Anthropic client's."""
+        """A session's URLs.
+
+        Args:
+            session_id: the session's id.
+            root: the server root as the client reaches it (default: ``url``, set by ``start``).
+
+        Returns:
+            ``(base_url, session_url)``: the OpenAI client's base URL (``.../v1``) and the Anthropic client's.
+        """
         session_url = f"{(root or self.url or '').rstrip('/')}/s/{session_id}"
         return f"{session_url}/v1", session_url
 
     # -- serving --
     async def start(self) -> str:
-        """Serve on the running event loop; returns the root URL (the real port when ``port`` was 0)."""
+        """Serve on the running event loop (a second call returns at once).
+
+        Returns:
+            The root URL, ``http://host:port`` (the real port when ``port`` was 0).
+
+        Raises:
+            OSError: if ``host:port`` cannot be listened on (the message says to pick another).
+            RuntimeError: if the HTTP server failed to start.
+        """
         if self._task is not None:
             return self.url
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
@@ -170,33 +234,46 @@ class SessionServer:
         return self.url
 
     async def unix_socket(self) -> str:
-        """The path of a unix socket (mode 0666, in a directory of its own) serving only the per-session routes.
+        """A unix socket serving each session's routes to that session's key holder only, started on first use.
 
-        A sandboxed client connects to it through a read-only bind of that directory; the session ids are its only
-        keys (the ``/sessions`` routes that open, read and delete sessions are not served there).
+        The socket (mode 0666) sits in a directory of its own: a sandboxed client connects to it through a read-only
+        bind of that directory. Only ``/s/{session_id}/...`` paths are served there, and only to a request that
+        carries the session's ``api_key``; the ``/sessions`` routes (open, read, delete) are not served at all.
+
+        Returns:
+            The socket's path.
+
+        Raises:
+            RuntimeError: if its server could not start.
         """
-        if self._unix is not None:
-            return self._unix[0]
-        directory = tempfile.mkdtemp(prefix="molt-session-")
-        os.chmod(directory, 0o755)  # a jail's unprivileged uid must reach the socket
-        path = os.path.join(directory, "session.sock")
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(path)
-        os.chmod(path, 0o666)
-        config = uvicorn.Config(
-            _SessionRoutesOnly(self.app), log_level="warning", lifespan="off", access_log=False, timeout_keep_alive=60
-        )
-        server = _InLoopServer(config)
-        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-        while not server.started:
-            if task.done():
-                shutil.rmtree(directory, ignore_errors=True)
-                raise RuntimeError(f"the session server's unix socket failed to start: {task.exception()!r}")
-            await asyncio.sleep(0.005)
-        self._unix = (path, server, task)
-        return path
+        async with self._unix_lock:
+            if self._unix is not None:
+                return self._unix[0]
+            directory = tempfile.mkdtemp(prefix="molt-session-")
+            os.chmod(directory, 0o755)  # a jail's unprivileged uid must reach the socket
+            path = os.path.join(directory, "session.sock")
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.bind(path)
+            os.chmod(path, 0o666)
+            config = uvicorn.Config(
+                _KeyHoldersOnly(self.app, self.sessions),
+                log_level="warning",
+                lifespan="off",
+                access_log=False,
+                timeout_keep_alive=60,
+            )
+            server = _InLoopServer(config)
+            task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+            while not server.started:
+                if task.done():
+                    shutil.rmtree(directory, ignore_errors=True)
+                    raise RuntimeError(f"the session server's unix socket failed to start: {task.exception()!r}")
+                await asyncio.sleep(0.005)
+            self._unix = (path, server, task)
+            return path
 
     async def stop(self) -> None:
+        """Stop serving (TCP and the unix socket, whose directory is removed); open sessions are kept."""
         for server, task in [(self._server, self._task), self._unix[1:] if self._unix else (None, None)]:
             if server is not None and task is not None:
                 server.should_exit = True
@@ -378,18 +455,37 @@ class _InLoopServer(uvicorn.Server):
         yield
 
 
-class _SessionRoutesOnly:
-    """ASGI wrapper: only ``/s/{session_id}/...`` paths reach the app; anything else is a 403 naming the path."""
+class _KeyHoldersOnly:
+    """ASGI wrapper of the unix socket: only ``/s/{session_id}/...`` paths, and only with that session's key.
 
-    def __init__(self, app: Any) -> None:
+    Anything else is a 403 that names what was missing (never whether another session exists).
+    """
+
+    def __init__(self, app: Any, sessions: dict[str, Session]) -> None:
         self.app = app
+        self.sessions = sessions
 
     async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and not scope["path"].startswith("/s/"):
-            message = f"{scope['path']} is not served on this socket: it serves only /s/<session_id>/... routes"
-            await JSONResponse(wire_openai.error(message, 403), status_code=403)(scope, receive, send)
-            return
+        if scope["type"] == "http":
+            problem = self._refusal(scope)
+            if problem is not None:
+                await JSONResponse(wire_openai.error(problem, 403), status_code=403)(scope, receive, send)
+                return
         await self.app(scope, receive, send)
+
+    def _refusal(self, scope: dict) -> str | None:
+        path = scope["path"]
+        if not path.startswith("/s/"):
+            return f"{path} is not served on this socket: it serves only /s/<session_id>/... routes"
+        session = self.sessions.get(path[3:].split("/", 1)[0])
+        headers = dict(scope["headers"])
+        offered = headers.get(b"x-api-key") or headers.get(b"authorization", b"").removeprefix(b"Bearer ")
+        if session is None or not hmac.compare_digest(offered, session.api_key.encode()):
+            return (
+                f"{path} is refused: on this socket a session serves only requests that carry its api key "
+                "(ChatContext.api_key, sent as Authorization: Bearer or x-api-key)"
+            )
+        return None
 
 
 def _unknown(session_id: str) -> str:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 import uuid
 from dataclasses import dataclass, field, replace
@@ -57,6 +58,7 @@ class ChatRequest:
     parse_tools: bool = True  # False when the caller asked for no tool use (tool_choice "none")
 
     def key(self) -> str:
+        """The request's identity: an identical request after it is a client's retry, answered by replay."""
         return json.dumps([self.messages, self.tools, self.overrides, self.parse_tools], sort_keys=True, default=str)
 
 
@@ -84,7 +86,14 @@ class Reply:
 
 
 class ChatTemplate:
-    """The tokenizer's chat template and codec, with what it renders after an assistant's end-of-turn token."""
+    """The tokenizer's chat template and codec, with what it renders after an assistant's end-of-turn token.
+
+    Args:
+        tokenizer: a transformers tokenizer with a ``chat_template``.
+
+    Raises:
+        ValueError: if it has no chat template, or one that does not render an assistant's content verbatim.
+    """
 
     def __init__(self, tokenizer: Any) -> None:
         if not getattr(tokenizer, "chat_template", None):
@@ -108,6 +117,19 @@ class ChatTemplate:
     def render(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, generation_prompt: bool
     ) -> str:
+        """The conversation as the template renders it.
+
+        Args:
+            messages: OpenAI-shaped chat messages.
+            tools: OpenAI function tools, or None.
+            generation_prompt: end with the assistant turn's opening (what the model continues from).
+
+        Returns:
+            The rendered text.
+
+        Raises:
+            BadRequest: if the template refuses the conversation (its ``raise_exception``).
+        """
         from jinja2 import TemplateError  # what transformers renders chat templates with
 
         try:
@@ -118,17 +140,36 @@ class ChatTemplate:
             raise BadRequest(f"the chat template refused the conversation: {exc}") from None
 
     def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-        """Tokens of the conversation as the model would see it (rendered with the generation prompt)."""
+        """Tokens of the conversation as the model would see it (rendered with the generation prompt).
+
+        Args:
+            messages, tools: as for ``render``.
+
+        Returns:
+            The token count.
+
+        Raises:
+            BadRequest: as ``render``.
+        """
         return len(self.encode(self.render(messages, tools, True)))
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of ``text``, without special tokens added."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def decode(self, ids: list[int]) -> str:
+        """Text of ``ids``, special tokens kept."""
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def closing(self, stop_text: str | None) -> str:
-        """Template text that follows an assistant turn and is not in its generated ids."""
+        """Template text that follows an assistant turn and is not in its generated ids.
+
+        Args:
+            stop_text: the stop token that ended the turn, decoded; None if the turn was cut off by length.
+
+        Returns:
+            What the template renders after that token (all of its turn end when none ended the turn).
+        """
         if stop_text and stop_text in self.turn_end:
             return self.turn_end[self.turn_end.index(stop_text) + len(stop_text) :]
         return self.turn_end  # cut off by length (or an unknown stop token): close the turn as the template does
@@ -142,7 +183,23 @@ class _Plan:
 
 
 class Session:
-    """One rollout's conversation with the policy; ``segments`` are its token-exact trajectories."""
+    """One rollout's conversation with the policy; ``segments`` are its token-exact trajectories.
+
+    A request that extends the last one (same tools, the previous reply as sent, new messages after it) continues
+    the current segment; any other starts a new segment. An identical repeat of the last request is a retry: it gets
+    the last reply again and records nothing.
+
+    Args:
+        engine: the policy's engine.
+        template: the tokenizer's ``ChatTemplate``.
+        params: the session's sampling parameters (requests may override some).
+        max_length: token budget of a segment (prompt and generations).
+        session_id: its id (default: a random one).
+        prompt, label: recorded on every segment.
+
+    Raises:
+        ValueError: if ``max_length`` is not positive.
+    """
 
     def __init__(
         self,
@@ -163,6 +220,7 @@ class Session:
         self.max_length = max_length
         self.session_id = session_id or uuid.uuid4().hex
         self.rollout_id = uuid.uuid4().hex
+        self.api_key = secrets.token_urlsafe(24)  # what a client must send on the server's unix socket
         self.prompt, self.label = prompt, label
         self.segments: list[Trajectory] = []
         self.refused = 0  # calls answered with an empty "length" reply: no room left under max_length
@@ -179,6 +237,18 @@ class Session:
         self._last_reply: Reply | None = None
 
     async def turn(self, request: ChatRequest) -> Reply:
+        """Generate the reply to one request and record it (calls of one session run one at a time).
+
+        Args:
+            request: the decoded request.
+
+        Returns:
+            The reply; an empty ``"length"`` reply when the budget has no room left (nothing is generated then).
+
+        Raises:
+            BadRequest: for an empty conversation, bad sampling overrides, a template refusal or untokenizable text.
+            SessionClosed: if the session was closed while this call generated (nothing is recorded).
+        """
         if not request.messages:
             raise BadRequest("messages is empty; send at least one message")
         try:
@@ -291,7 +361,14 @@ def _decode_action(template: ChatTemplate, text_ids: list[int], stop_id: int | N
 
 
 def segment_json(segment: Trajectory) -> dict[str, Any]:
-    """The wire form of one segment (what ``GET /sessions/{id}/trajectory`` returns)."""
+    """The wire form of one segment (what ``GET /sessions/{id}/trajectory`` returns).
+
+    Args:
+        segment: a session's segment.
+
+    Returns:
+        Its token ids, action ranges, log-probs, finish reasons, prompt length, truncation, turns and rollout id.
+    """
     return {
         "token_ids": segment.token_ids,
         "action_ranges": [list(r) for r in segment.action_ranges],

@@ -29,7 +29,19 @@ ROLES = ("user", "assistant", "system")
 
 
 def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
-    """The request as chat messages; a block the template cannot represent is a 400 naming it."""
+    """A Messages request as a ``WireCall``.
+
+    Args:
+        body: the request's JSON object.
+        session: the session it is for (decides whether thinking blocks reach the template); None drops them.
+
+    Returns:
+        The decoded call (``stream`` from the body).
+
+    Raises:
+        BadRequest: naming the field or block that is malformed or cannot be represented (images, documents, a
+            ``tool_result`` answering no earlier ``tool_use``).
+    """
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise BadRequest("messages must be a non-empty list of {'role': 'user'|'assistant', 'content': ...}")
@@ -143,6 +155,16 @@ def _blocks(reply: Reply) -> list[dict[str, Any]]:
 
 
 def encode(reply: Reply, model: str, call: WireCall | None = None, session: Session | None = None) -> dict[str, Any]:
+    """A reply as a Messages ``message`` object.
+
+    Args:
+        reply: the session's reply.
+        model: the model name to carry.
+        call, session: unused (the wires share one signature).
+
+    Returns:
+        The JSON object: ``text`` and ``tool_use`` blocks, ``stop_reason``, ``usage``.
+    """
     return {
         "id": f"msg_{reply.id}",
         "type": "message",
@@ -158,7 +180,14 @@ def encode(reply: Reply, model: str, call: WireCall | None = None, session: Sess
 def encode_stream(
     reply: Reply, model: str, call: WireCall | None = None, session: Session | None = None
 ) -> Iterator[str]:
-    """message_start, one start/delta/stop triple per content block, message_delta, message_stop."""
+    """A reply as Anthropic's SSE event sequence.
+
+    Args:
+        reply, model, call, session: as for ``encode``.
+
+    Returns:
+        The events: message_start, one start/delta/stop triple per content block, message_delta, message_stop.
+    """
     message = {
         **encode(reply, model),
         "content": [],
@@ -191,11 +220,31 @@ def _event(name: str, data: dict[str, Any]) -> str:
 
 
 def error(message: str, status: int) -> dict[str, Any]:
+    """An error body in Anthropic's shape.
+
+    Args:
+        message: what is wrong and what to do.
+        status: the HTTP status it goes with (picks the error type).
+
+    Returns:
+        ``{"type": "error", "error": {"type", "message"}}``.
+    """
     kind = {400: "invalid_request_error", 404: "not_found_error", 413: "request_too_large"}.get(status, "api_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
 def count_tokens(body: dict[str, Any], session: Session) -> dict[str, int]:
-    """``POST /v1/messages/count_tokens``: the tokens the model would read for this request (no generation)."""
+    """``POST /v1/messages/count_tokens``: the tokens the model would read for this request (no generation).
+
+    Args:
+        body: a Messages request's JSON object.
+        session: the session it is for.
+
+    Returns:
+        ``{"input_tokens": N}``, the template's real count.
+
+    Raises:
+        BadRequest: as ``decode``, or if the template refuses the conversation.
+    """
     request = decode(body, session).request
     return {"input_tokens": session.template.count(request.messages, request.tools)}

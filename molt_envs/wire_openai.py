@@ -21,7 +21,18 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
 def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
-    """The request; ``options["include_usage"]`` from ``stream_options``."""
+    """A Chat Completions request as a ``WireCall``.
+
+    Args:
+        body: the request's JSON object.
+        session: unused (the wires share one signature).
+
+    Returns:
+        The decoded call; ``options["include_usage"]`` from ``stream_options``.
+
+    Raises:
+        BadRequest: naming the malformed field (messages, tools, ``n`` other than 1, sampling fields).
+    """
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise BadRequest("messages must be a non-empty list of chat messages")
@@ -109,6 +120,16 @@ def _usage(reply: Reply) -> dict[str, int]:
 
 
 def encode(reply: Reply, model: str, call: WireCall | None = None, session: Session | None = None) -> dict[str, Any]:
+    """A reply as a ``chat.completion`` object.
+
+    Args:
+        reply: the session's reply.
+        model: the model name to carry.
+        call, session: unused (the wires share one signature).
+
+    Returns:
+        The JSON object: one choice (content, ``tool_calls``, finish reason) and ``usage``.
+    """
     message: dict[str, Any] = {"role": "assistant", "content": reply.content}
     if reply.tool_calls:
         message["content"] = reply.content or None
@@ -124,7 +145,16 @@ def encode(reply: Reply, model: str, call: WireCall | None = None, session: Sess
 
 
 def encode_stream(reply: Reply, model: str, call: WireCall, session: Session | None = None) -> Iterator[str]:
-    """SSE ``chat.completion.chunk`` events: role, content, tool calls, finish reason, [usage], ``[DONE]``."""
+    """A reply as SSE ``chat.completion.chunk`` events.
+
+    Args:
+        reply, model: as for ``encode``.
+        call: the decoded call (``include_usage`` adds the usage chunk).
+        session: unused.
+
+    Returns:
+        The events: role, content, tool calls, finish reason, [usage], ``[DONE]``.
+    """
     include_usage = call.options.get("include_usage", False)
     head = {
         "id": f"chatcmpl-{reply.id}",
@@ -152,5 +182,14 @@ def _event(data: dict[str, Any]) -> str:
 
 
 def error(message: str, status: int) -> dict[str, Any]:
+    """An error body in OpenAI's shape.
+
+    Args:
+        message: what is wrong and what to do.
+        status: the HTTP status it goes with.
+
+    Returns:
+        ``{"error": {"message", "type", "param", "code"}}``.
+    """
     kind = "invalid_request_error" if status < 500 else "server_error"
     return {"error": {"message": message, "type": kind, "param": None, "code": status}}

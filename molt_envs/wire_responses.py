@@ -56,7 +56,20 @@ class Stored:
 
 
 def decode(body: dict[str, Any], session: Session) -> WireCall:
-    """The request as chat messages after ``previous_response_id``'s conversation; a bad field is a 400 naming it."""
+    """A Responses request as a ``WireCall``: its messages follow ``previous_response_id``'s conversation.
+
+    Args:
+        body: the request's JSON object.
+        session: the session it is for (holds the stored responses ``previous_response_id`` names).
+
+    Returns:
+        The decoded call; ``options`` keeps what ``encode`` needs (the parent, the added messages, tool namespaces,
+        ``store`` and the fields a response echoes).
+
+    Raises:
+        BadRequest: naming the malformed or unsupported field or item (an unknown ``previous_response_id``, a
+            ``function_call_output`` for a call that never happened, a refused field).
+    """
     for name, why in REFUSED_FIELDS.items():
         if body.get(name):
             raise BadRequest(f"{name} is not supported: {why}")
@@ -256,7 +269,18 @@ def _output(reply: Reply, namespaces: dict[str, tuple[str, str]]) -> list[dict[s
 
 
 def encode(reply: Reply, model: str, call: WireCall, session: Session) -> dict[str, Any]:
-    """The ``response`` object; stored in the session (for ``previous_response_id`` and GET) unless ``store`` is off."""
+    """A reply as a ``response`` object, stored in the session (for ``previous_response_id`` and GET) unless
+    ``store`` is off.
+
+    Args:
+        reply: the session's reply.
+        model: the model name to carry.
+        call: the decoded call (its ``options`` from ``decode``).
+        session: the session that keeps the response.
+
+    Returns:
+        The JSON object (``status`` "incomplete" with ``max_output_tokens`` as the reason when cut off by length).
+    """
     options = call.options
     incomplete = reply.finish_reason == "length"
     now = time.time()
@@ -294,7 +318,14 @@ def encode(reply: Reply, model: str, call: WireCall, session: Session) -> dict[s
 
 
 def encode_stream(reply: Reply, model: str, call: WireCall, session: Session) -> Iterator[str]:
-    """The Responses event sequence for a finished reply (one delta per item: generation is not streamed)."""
+    """A reply as the Responses SSE event sequence (one delta per item: generation is not streamed).
+
+    Args:
+        reply, model, call, session: as for ``encode`` (the response is stored the same way).
+
+    Returns:
+        The events: created, in_progress, each output item's added/delta/done events, then completed or incomplete.
+    """
     response = encode(reply, model, call, session)
     seq = iter(range(1 << 30))
 
@@ -325,6 +356,14 @@ def encode_stream(reply: Reply, model: str, call: WireCall, session: Session) ->
 
 
 def stored_response(session: Session, response_id: str) -> dict[str, Any] | None:
-    """``GET /v1/responses/{id}``: the stored response object, or None."""
+    """``GET /v1/responses/{id}``.
+
+    Args:
+        session: the session whose responses are looked up.
+        response_id: a ``resp_...`` id.
+
+    Returns:
+        The stored response object, or None if this session stored no such response.
+    """
     stored = session.responses.get(response_id)
     return stored.body if stored is not None else None

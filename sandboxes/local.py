@@ -1,7 +1,9 @@
 """The `local` provider: warm zygotes in bubblewrap jails on this host (sandboxes digest §4.2).
 
-Each slot gets its own unprivileged uid (when we run as root) and its own cgroup (when cgroups are
-writable), so RLIMIT_NPROC is enforced per jail and a runaway jail cannot starve its neighbours.
+Each live worker gets its own unprivileged uid (when we run as root) and its own cgroup (when cgroups are
+writable), so RLIMIT_NPROC is enforced per jail and a runaway jail cannot starve its neighbours. Both are keyed by a
+slot number unique among the process's live workers across all its pools (``_SLOT_NUMBERS``): two pools' jails never
+share a uid or a cgroup, so closing one worker never kills another pool's jail.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import os
 import shutil
 import sysconfig
 import tempfile
+import threading
 
 from sandboxes import cgroups, jail, probe
 from sandboxes.cgroups import SlotCgroup
@@ -32,7 +35,33 @@ def host_site_packages() -> list[str]:
     return sorted(p for p in paths if os.path.isdir(p))
 
 
-SLOTS_PER_PROCESS = 256  # pool workers + persistent sessions
+SLOTS_PER_PROCESS = 256  # live workers of every local pool of the process (pool workers + persistent sessions)
+
+
+class _SlotNumbers:
+    """The slot numbers (uid and cgroup keys) of this process's live local workers, lowest free first."""
+
+    def __init__(self, size: int) -> None:
+        self._free = set(range(size))
+        self._lock = threading.Lock()
+
+    def take(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError(
+                    f"{SLOTS_PER_PROCESS} local jails are alive in this process (the workers of all its local pools "
+                    "plus their persistent sessions); close some sessions, or pools with sandboxes.shutdown()"
+                )
+            number = min(self._free)
+            self._free.remove(number)
+            return number
+
+    def give(self, number: int) -> None:
+        with self._lock:
+            self._free.add(number)
+
+
+_SLOT_NUMBERS = _SlotNumbers(SLOTS_PER_PROCESS)
 
 
 def _world_reachable(path: str) -> bool:
@@ -110,27 +139,27 @@ def make_pool(
     if use_cgroups:
         cgroups.reap_stale(CGROUP_PREFIX)
 
-    def factory(slot: int, persistent: bool) -> JailWorker:
+    def factory(_pool_slot: int, persistent: bool) -> JailWorker:
+        slot = _SLOT_NUMBERS.take()  # the pool's own slot ids repeat across pools: never key a uid or cgroup by them
         uid = slot_uid(slot) if use_uids else None
-        cgroup = None
-        if use_cgroups:
-            cgroup = SlotCgroup.create(
-                group,
-                f"slot{slot}",
-                uid if uid is not None else os.getuid(),
-                pids=limits.processes + 8,
-                memory_mb=limits.memory_mb + limits.cgroup_headroom_mb,
-            )
-        config = jail.zygote_config(
-            list(preload), list(site_packages), persistent, pid_namespace=isolate, network=network
-        )
-        scratch = None
-        if not isolate:  # no private /tmp: give the worker a scratch dir of its own, never the host's /tmp
-            scratch = tempfile.mkdtemp(prefix=f"sandboxes-unsafe-{os.getpid()}-{slot}-")
-            if uid is not None:
-                os.chown(scratch, uid, uid)
-            config.update(scratch=[scratch], landlock=report.landlock_abi > 0, seccomp=report.seccomp)
+        cgroup, scratch = None, None
         try:
+            if use_cgroups:
+                cgroup = SlotCgroup.create(
+                    group,
+                    f"slot{slot}",
+                    uid if uid is not None else os.getuid(),
+                    pids=limits.processes + 8,
+                    memory_mb=limits.memory_mb + limits.cgroup_headroom_mb,
+                )
+            config = jail.zygote_config(
+                list(preload), list(site_packages), persistent, pid_namespace=isolate, network=network
+            )
+            if not isolate:  # no private /tmp: give the worker a scratch dir of its own, never the host's /tmp
+                scratch = tempfile.mkdtemp(prefix=f"sandboxes-unsafe-{os.getpid()}-{slot}-")
+                if uid is not None:
+                    os.chown(scratch, uid, uid)
+                config.update(scratch=[scratch], landlock=report.landlock_abi > 0, seccomp=report.seccomp)
             worker = JailWorker(
                 python=python,
                 config=config,
@@ -145,8 +174,10 @@ def make_pool(
                 cgroup.remove()
             if scratch:
                 shutil.rmtree(scratch, ignore_errors=True)
+            _SLOT_NUMBERS.give(slot)
             raise
         worker.scratch = scratch
+        worker.on_closed = lambda: _SLOT_NUMBERS.give(slot)  # once its processes are gone and its cgroup removed
         return worker
 
     size = workers or os.cpu_count() or 1

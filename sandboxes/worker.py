@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from sandboxes import jail
 from sandboxes.cgroups import SlotCgroup
@@ -125,6 +126,7 @@ class JailWorker(Worker):
         super().__init__()
         self.cgroup = cgroup
         self.scratch: str | None = None
+        self.on_closed: Callable[[], None] | None = None  # called once, at the end of the first close()
         fds: list[int] = []
         if isolate:
             argv, fds = jail.bwrap_argv(python, config, site_dirs, binds)
@@ -283,6 +285,9 @@ class JailWorker(Worker):
             self.cgroup.remove()
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
+        on_closed, self.on_closed = self.on_closed, None
+        if on_closed is not None:
+            on_closed()
 
 
 def _request_bytes(message: dict, payload: dict | None) -> bytes:

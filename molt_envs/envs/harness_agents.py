@@ -100,48 +100,67 @@ class ClaudeCodeAgent(_AnswerFileTask):
             return run.stdout
 
 
+# Codex's prompt parts a one-shot task has no use for: multi-agent and goal tools, image viewing, request_user_input,
+# the bundled skills' instructions, the permissions preamble. With the test tokenizer they take its prompt from about
+# 12.3k tokens to 2.1k (the exec_command and write_stdin tools, the environment context and the task remain).
+CODEX_LEAN = [
+    "include_permissions_instructions = false",
+    "skills.include_instructions = false",
+    "skills.bundled.enabled = false",
+    "tools.experimental_request_user_input.enabled = false",
+    "features.multi_agent = false",
+    "features.goals = false",
+    "features.view_image = false",
+]
+# no telemetry, feedback, update checks, web search, apps or plugins (their start-up syncs call home)
+CODEX_QUIET = [
+    "check_for_update_on_startup = false",
+    'web_search = "disabled"',
+    "analytics.enabled = false",
+    "feedback.enabled = false",
+    'otel.exporter = "none"',
+    "features.apps = false",
+    "features.plugins = false",
+]
+
+
 class CodexAgent(_AnswerFileTask):
     """``codex exec TASK`` (npm ``@openai/codex``) on the Responses wire, through a custom model provider.
 
     Args:
         instructions: replaces Codex's own base instructions (``model_instructions_file``); None keeps its own.
+        lean: leave out the prompt parts in ``CODEX_LEAN`` (about 10k tokens of tools and instructions).
         **kwargs: ``HarnessAgent``'s (install_dir, timeout_s, memory_mb).
     """
 
-    def __init__(self, instructions: str | None = SYSTEM_PROMPT, **kwargs: Any) -> None:
+    def __init__(self, instructions: str | None = SYSTEM_PROMPT, lean: bool = True, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.instructions = instructions
+        self.instructions, self.lean = instructions, lean
 
     def command(self, ctx: ChatContext, base_url: str) -> tuple[list[str], dict[str, str], dict[str, str]]:
         binary = self.executable("@openai", "codex-linux-x64", "vendor", "x86_64-unknown-linux-musl", "bin", "codex")
         home = f"{JAIL_WORK}/home/.codex"
+        provider = {
+            "name": "molt session",
+            "base_url": base_url + "/v1",
+            "env_key": "MOLT_API_KEY",
+            "wire_api": "responses",
+            "request_max_retries": 1,
+            "stream_max_retries": 1,
+        }
         config = [
             f"model = {json.dumps(ctx.model_name)}",
             'model_provider = "molt"',
             f"model_context_window = {ctx.max_length}",
-            "check_for_update_on_startup = false",
-            'web_search = "disabled"',
             "project_doc_max_bytes = 0",
+            "model_providers.molt = {" + ", ".join(f"{k} = {json.dumps(v)}" for k, v in provider.items()) + "}",
+            *CODEX_QUIET,
+            *(CODEX_LEAN if self.lean else []),
         ]
         files = {}
         if self.instructions is not None:
             files["home/.codex/instructions.md"] = self.instructions
             config.append(f'model_instructions_file = "{home}/instructions.md"')
-        config += [
-            "[model_providers.molt]",
-            'name = "molt session"',
-            f"base_url = {json.dumps(base_url + '/v1')}",
-            'env_key = "MOLT_API_KEY"',
-            'wire_api = "responses"',
-            "request_max_retries = 1",
-            "stream_max_retries = 1",
-            "[analytics]",
-            "enabled = false",
-            "[feedback]",
-            "enabled = false",
-            "[otel]",
-            'exporter = "none"',
-        ]
         files["home/.codex/config.toml"] = "\n".join(config) + "\n"
         argv = [binary, "exec", "--skip-git-repo-check", "--dangerously-bypass-approvals-and-sandbox", "--color"]
         argv += ["never", "--output-last-message", f"{JAIL_WORK}/logs/last_message.txt", ctx.prompt]

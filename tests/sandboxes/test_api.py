@@ -119,6 +119,19 @@ async def test_persistent_repl_session():
         assert r.stdout == "None\n"
 
 
+@needs_local
+async def test_jails_of_two_pools_never_share_a_uid_or_a_cgroup():
+    """Two pools (other options) each number their slots from 0; closing one pool's session must not kill the
+    other's jail (it once did: both slots' cgroup was the same, and removing it killed everything in it)."""
+    async with sandboxes.open("local", persistent=True, workers=1) as kept:
+        assert (await kept.run_python("import os\nstate = os.getpid()")).ok
+        async with sandboxes.open("local", persistent=True, workers=1, recycle_after=7) as other:
+            assert local_pool(workers=1) is not local_pool(workers=1, recycle_after=7)
+            launchers = [sb._session.worker.proc.pid for sb in (kept, other)]
+            assert len({os.stat(f"/proc/{pid}").st_uid for pid in launchers}) == 2  # the host uids the jails run as
+        assert (await kept.run_python("state")).status == "ok"  # its REPL (and so its worker) survived
+
+
 OPEN_FDS = (
     "import os\nfds = []\nfor fd in range(256):\n    try:\n        os.fstat(fd)\n        fds.append(fd)\n"
     "    except OSError:\n        pass\nprint(fds)"

@@ -92,3 +92,36 @@ def test_bad_network_and_binds_are_refused_naming_them():
         sandboxes.local.make_pool(network="wifi")
     with pytest.raises(ValueError, match="binds entry"):
         sandboxes.local.make_pool(binds=(("/nonexistent-dir", "/x"),))
+
+
+async def test_loopback_jails_do_not_reach_each_others_ports():
+    """Two episodes' jails at once (one pool, as two harness episodes run): each has its own loopback, so a port one
+    jail listens on (a harness's bridge to its session) is not there for the other."""
+    listen = textwrap.dedent(
+        """
+        import socket, threading
+        server = socket.socket(); server.bind(("127.0.0.1", 8080)); server.listen(4)
+        def serve():
+            while True:
+                server.accept()[0].sendall(b"mine")
+        threading.Thread(target=serve, daemon=True).start()
+        """
+    )
+    connect = textwrap.dedent(
+        """
+        import socket
+        try:
+            print(socket.create_connection(("127.0.0.1", 8080), timeout=5).recv(16).decode())
+        except OSError as exc:
+            print(type(exc).__name__)
+        """
+    )
+    first = sandboxes.open("local", network="loopback", persistent=True, workers=1)
+    second = sandboxes.open("local", network="loopback", persistent=True, workers=1)
+    async with first, second:
+        listening = await first.run_python(listen)
+        assert listening.status == "ok", listening.stderr
+        other = await second.run_python(connect)
+        own = await first.run_python(connect)  # the listener is still up in its own jail
+    assert own.stdout.strip() == "mine", own.stderr
+    assert other.stdout.strip() == "ConnectionRefusedError", other.stderr
