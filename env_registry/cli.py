@@ -241,6 +241,14 @@ def cmd_yank(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from env_registry.validation import validate
+
+    report = validate(args.target, registry=args.registry, token=args.token, timeout_s=args.timeout)
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="molt-env", description="Versioned LLM-agent environments.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -352,6 +360,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sen.add_argument("--exit-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)  # servers make() starts
     sen.set_defaults(fn=cmd_serve_env)
+
+    from env_registry.evaluation import cli as eval_cli
+
+    eval_cli.add_parser(sub)
+
+    val = sub.add_parser(
+        "validate",
+        help="install a package into a fresh venv and check it inside the sandbox jail; exit 1 if unsound",
+    )
+    val.add_argument("target", help="a package source directory, a .whl file, or an env ID (ns/name-vN[@version])")
+    registry_args(val)
+    val.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of the jailed checks (s)")
+    val.add_argument("--json", action="store_true", help="print the report as JSON")
+    val.set_defaults(fn=cmd_validate)
     return parser
 
 
