@@ -199,12 +199,12 @@ class EndpointPolicy(Policy):
 
             async def generate(messages, tools, params: SamplingParams) -> Reply:
                 system, converted = to_anthropic(messages)
+                sampling = {} if self.sessions else {"temperature": params.temperature, "top_p": params.top_p}
                 response = await client.messages.create(
                     model=self.model_name,
                     messages=converted,
                     max_tokens=params.max_tokens,
-                    temperature=params.temperature,
-                    top_p=params.top_p,
+                    **({"extra_body": sampling} if sampling else {}),  # a session already holds them
                     **({"system": system} if system else {}),
                     **({"tools": anthropic_tools(tools)} if tools else {}),
                 )

@@ -47,7 +47,7 @@ async def reverify(root: str | Path, concurrency: int = 16) -> dict[str, Any]:
     tasks: dict[str, EnvTask] = {}
     for env_id in store.header["specs"]:
         try:
-            spec, factory = registry.factory(env_id)
+            spec, factory = registry.factory(store.header.get("given_ids", {}).get(env_id, env_id))
         except Error as exc:
             raise Error(f"cannot re-grade {env_id!r}: {exc}") from None
         tasks[env_id] = EnvTask(env_id, spec, factory, [], 1.0)

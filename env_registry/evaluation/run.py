@@ -54,6 +54,7 @@ async def evaluate(
         "model": policy.name,
         "sampling": settings.sampling(),
         "specs": {t.env_id: t.spec.hash for t in tasks},
+        "given_ids": {t.env_id: t.given_id or t.env_id for t in tasks},
         "started": now(),
     }
     store.begin(header, RESUME_MUST_MATCH)
