@@ -232,6 +232,7 @@ def test_endpoint_errors_are_retried_then_counted(endpoint, tmp_path, capsys):
 
 
 def test_publish_results_needs_a_registry_server(endpoint, tmp_path, capsys):
-    rc, _, err = eval_here(capsys, COIN, "--base-url", f"{endpoint}/v1", "--publish-results", "--registry", str(tmp_path))
+    rc, _, err = eval_here(
+        capsys, COIN, "--base-url", f"{endpoint}/v1", "--publish-results", "--registry", str(tmp_path)
+    )
     assert rc == 2 and "--publish-results needs a registry server" in err
-
