@@ -4,6 +4,7 @@ One code path (``evaluate``) serves ``molt-env eval``, ``molt-train eval`` and t
 ``Policy`` says what generates (``EnginePolicy`` in process, ``EndpointPolicy`` for OpenAI/Anthropic endpoints).
 """
 
+from env_registry.evaluation.endpoint import EndpointPolicy
 from env_registry.evaluation.engine_policy import EnginePolicy
 from env_registry.evaluation.episode import REASONS, Episode, Failure, Policy
 from env_registry.evaluation.passk import mean_pass_at_k, pass_at_k, resolve_ks
@@ -13,6 +14,7 @@ from env_registry.evaluation.tasks import EnvTask, EvalSettings, load_tasks, sam
 
 __all__ = [
     "REASONS",
+    "EndpointPolicy",
     "EnginePolicy",
     "EnvTask",
     "Episode",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import subprocess
 import sys
@@ -236,3 +237,35 @@ def test_publish_results_needs_a_registry_server(endpoint, tmp_path, capsys):
         capsys, COIN, "--base-url", f"{endpoint}/v1", "--publish-results", "--registry", str(tmp_path)
     )
     assert rc == 2 and "--publish-results needs a registry server" in err
+
+
+@pytest.mark.skipif(
+    not hasattr(__import__("env_registry.client").client.RegistryClient, "publish_eval"),
+    reason="needs the hub's POST /api/packages/<pkg>/<version>/evals and RegistryClient.publish_eval",
+)
+def test_publish_results_uploads_the_summary_per_release(endpoint, server, letter_count, tmp_path, capsys):
+    """The example package published to a live registry server; its eval summary uploaded next to the release."""
+    import httpx
+
+    from env_registry.build import read_source
+    from env_registry.client import RegistryClient
+    from env_registry.registry import registry
+
+    from env_registry.store import Conflict
+
+    with contextlib.suppress(Conflict):  # another test may have published it to the session's server
+        RegistryClient(server.url, server.token).publish(letter_count)
+    source = read_source(Path(__file__).resolve().parents[2] / "examples" / "envs" / "acme_letter_count")
+    sys.path.insert(0, str(source.root))
+    [manifest] = source.manifests
+    fields = manifest.model_dump(exclude={"id", "entry_point"})
+    registry.register(manifest.id, manifest.entry_point, **fields, package=source.name, package_version=source.version)
+    out = tmp_path / "eval"
+    rc, printed, err = eval_here(
+        capsys, manifest.id, "--base-url", f"{endpoint}/v1", "--max-samples", "2", "--max-new-tokens", "4",
+        "--out", str(out), "--publish-results", "--registry", server.url, "--token", server.token, "--quiet",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert f"published the eval of {manifest.id}" in printed
+    stored = httpx.get(f"{server.url}/api/packages/{source.name}/{source.version}/evals").json()
+    assert stored and stored[-1]["summary"]["spec_hash"] == summary(out)["spec_hash"]

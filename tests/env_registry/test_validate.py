@@ -23,14 +23,18 @@ def failed(report: ValidationReport) -> dict[str, str]:
     return {c.name: c.detail for c in report.checks if not c.passed}
 
 
-def test_the_example_package_is_sound():
-    done = molt_env("validate", str(EXAMPLE), "--json", timeout=900)
+def test_the_example_package_is_sound(tmp_path):
+    """Published to a registry directory, then validated by its env ID (downloaded, sha256 checked)."""
+    registry = str(tmp_path / "registry")
+    published = molt_env("publish", str(EXAMPLE), "--registry", registry)
+    assert published.returncode == 0, published.stderr
+    done = molt_env("validate", "acme/letter-count-v1@1.0.0", "--registry", registry, "--json", timeout=900)
     assert done.returncode == 0, done.stdout + done.stderr
     report = ValidationReport.from_json(json.loads(done.stdout))
     assert report.ok and report.package == "acme-letter-count" and report.env_ids == ["acme/letter-count-v1"]
     assert "jail" in report.isolation and "no network" in report.isolation
     names = {c.name for c in report.checks}
-    for name in ("install into a fresh venv", "import through the entry point", "train and test share no prompt",
+    for name in ("download", "install into a fresh venv", "import through the entry point", "train and test share no prompt",
                  "determinism: same grade for the same transcript", "smoke eval: over-long answer",
                  "smoke eval: reference answer", "conformance: row 0: reference action"):  # fmt: skip
         assert name in names, name
