@@ -86,7 +86,6 @@ async def _serve(args: argparse.Namespace, params: SamplingParams) -> int:
             engine.shutdown()
 
 
-
 async def _run(server: SessionServer, model: str) -> int:
     try:
         url = await server.start()

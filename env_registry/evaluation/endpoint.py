@@ -166,7 +166,8 @@ class EndpointPolicy(Policy):
         """A session-server call with the SDKs' retry policy: 429/5xx/connection failures, exponential back-off."""
         import httpx
 
-        for attempt in range(self.max_retries + 1):
+        attempt = 0
+        while True:
             try:
                 response = await self.http.request(method, f"{self.root}{path}", **kwargs)
                 if response.status_code < 400 or (ok_missing and response.status_code == 404):
@@ -178,7 +179,7 @@ class EndpointPolicy(Policy):
             if not retry or attempt == self.max_retries:
                 raise EndpointError(f"{method} {self.root}{path} failed after {attempt + 1} attempt(s): {problem}")
             await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
-        raise AssertionError("unreachable")
+            attempt += 1
 
     def _generator(self, client: Any) -> Any:
         if self.wire == "openai":

@@ -81,7 +81,7 @@ async def served(model: str | Path, engine: str = "hf", extra: Sequence[str] = (
     if url is None:
         await _stop(proc)
         raise Error(f"`{' '.join(cmd)}` exited with {proc.returncode} before serving:\n{_tail(lines)}")
-    drain = asyncio.create_task(_drain(proc, lines))
+    drain = asyncio.create_task(_drain(proc))
     try:
         yield url
     finally:
@@ -102,7 +102,7 @@ async def _ready(proc: asyncio.subprocess.Process, lines: list[str]) -> str | No
             return match[1]
 
 
-async def _drain(proc: asyncio.subprocess.Process, lines: list[str]) -> None:
+async def _drain(proc: asyncio.subprocess.Process) -> None:
     """Keep reading the server's output so a chatty server never blocks on a full pipe."""
     while await proc.stdout.readline():
         pass

@@ -250,7 +250,6 @@ def test_publish_results_uploads_the_summary_per_release(endpoint, server, lette
     from env_registry.build import read_source
     from env_registry.client import RegistryClient
     from env_registry.registry import registry
-
     from env_registry.store import Conflict
 
     with contextlib.suppress(Conflict):  # another test may have published it to the session's server
