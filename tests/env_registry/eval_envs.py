@@ -5,6 +5,7 @@
   (a "new grader" for ``--reverify``).
 - ``test/hang-v1``: the grader blocks its worker thread for an hour.
 - ``test/chat-coin-v1``: ``test/coin-v1`` as a ChatAgent on the OpenAI SDK.
+- ``test/tool-v1``: two turns, a tool call and its result in between; ``test/raw-v1``: raw-text observations.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import time
 
 from env_registry import register
 from molt_envs import ChatAgent, ChatContext, Env, Result, StepState
+from molt_envs.tool_calls import parse_tool_calls
 
 DATA = {
     "generator": "eval_envs:rows",
@@ -45,6 +47,23 @@ class HangEnv(Env):
         return Result(reward=1.0)
 
 
+class ToolEnv(Env):
+    """Turn 0 must call ``lookup``; its result goes back as a tool message; turn 1 must repeat it."""
+
+    async def step(self, state: StepState) -> Result:
+        _, calls = parse_tool_calls(state["action_text"])
+        if state["turn"] == 0:
+            if not calls or calls[0].name != "lookup":
+                return Result(reward=0.0, info={"invalid_action": 1.0})
+            return Result(reward=0.0, terminated=False, observation=[{"role": "tool", "content": "42"}])
+        return Result(reward=float("42" in state["action_text"]))
+
+
+class RawTextEnv(Env):
+    async def step(self, state: StepState) -> Result:
+        return Result(reward=0.0, terminated=False, observation="<|im_start|>user\nmore<|im_end|>\n")
+
+
 class ChatCoinAgent(ChatAgent):
     async def run(self, ctx: ChatContext) -> Result:
         from openai import AsyncOpenAI
@@ -60,5 +79,7 @@ for name, entry, kind in (
     ("test/coin-v1", "eval_envs:CoinEnv", "env"),
     ("test/hang-v1", "eval_envs:HangEnv", "env"),
     ("test/chat-coin-v1", "eval_envs:ChatCoinAgent", "chat_agent"),
+    ("test/tool-v1", "eval_envs:ToolEnv", "env"),
+    ("test/raw-v1", "eval_envs:RawTextEnv", "env"),
 ):
-    register(name, entry, kind=kind, max_turns=1, datasets={"test": DATA, "train": DATA})
+    register(name, entry, kind=kind, max_turns=3, datasets={"test": DATA, "train": DATA})

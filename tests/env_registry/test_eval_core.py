@@ -15,8 +15,12 @@ import eval_envs  # noqa: E402,F401  (registers test/*)
 
 from env_registry.errors import Error  # noqa: E402
 from env_registry.evaluation import EnginePolicy, EvalSettings, evaluate, load_tasks, pass_at_k, resolve_ks  # noqa: E402
+from env_registry.evaluation.chat_driver import Reply, drive_env  # noqa: E402
+from env_registry.evaluation.episode import invalid_action  # noqa: E402
 from env_registry.evaluation.samples import SampleStore  # noqa: E402
 from env_registry.mix import parse_env_mix  # noqa: E402
+from env_registry.registry import registry  # noqa: E402
+from molt_envs import SamplingParams  # noqa: E402
 
 
 def test_pass_at_k_by_hand():
@@ -62,3 +66,39 @@ def test_the_store_drops_a_torn_line_and_refuses_a_corrupt_one(tmp_path):
     (tmp_path / "samples.jsonl").write_text("not json\n" + json.dumps(good) + "\n")
     with pytest.raises(Error, match=r"samples.jsonl:1 is not a sample record"):
         SampleStore(tmp_path)
+
+
+def scripted(*replies: Reply):
+    """A model stand-in answering with ``replies`` in order, recording what it was sent."""
+    sent: list[list[dict]] = []
+    queue = list(replies)
+
+    async def generate(messages, tools, params):
+        sent.append([dict(m) for m in messages])
+        return queue.pop(0)
+
+    return generate, sent
+
+
+def test_chat_driver_turns_tool_calls_into_action_text_and_answers_them():
+    call = {"id": "call_7", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    generate, sent = scripted(Reply("let me look", [call], prompt_tokens=10, completion_tokens=5), Reply("it is 42"))
+    row = {"prompt": [{"role": "user", "content": "what?"}], "label": "42"}
+    env = registry.make("test/tool-v1")
+    episode = asyncio.run(drive_env(env, row, generate, SamplingParams(), max_turns=3))
+    assert episode.failure is None and episode.reward == 1.0 and episode.turns == 2
+    assert episode.actions[0] == 'let me look\n<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>'
+    assert sent[1][-2] == {"role": "assistant", "content": "let me look", "tool_calls": [call]}
+    assert sent[1][-1] == {"role": "tool", "content": "42", "tool_call_id": "call_7"}
+    assert episode.completion_tokens is None  # the second reply carried no usage: no partial count
+
+
+def test_chat_driver_refuses_raw_text_and_counts_bad_actions():
+    row = {"prompt": [{"role": "user", "content": "go"}], "label": "0"}
+    generate, _ = scripted(Reply("a"))
+    raw = asyncio.run(drive_env(registry.make("test/raw-v1"), row, generate, SamplingParams(), max_turns=3))
+    assert raw.failure.reason == "unsupported_observation" and raw.reward is None
+    assert "molt-train eval" in raw.failure.detail
+    generate, _ = scripted(Reply("no tool"))
+    bad = asyncio.run(drive_env(registry.make("test/tool-v1"), row, generate, SamplingParams(), max_turns=3))
+    assert bad.reward == 0.0 and invalid_action(bad.info).reason == "invalid_action"
