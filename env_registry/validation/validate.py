@@ -9,7 +9,8 @@ broken package.
    only (no dependency's build runs here), plus this framework (built from its source tree; pydantic etc. from the
    index; fastapi/uvicorn/httpx for ChatAgents' session server). Nothing in the venv is ever run on this host.
 4. ``worker`` runs every check of ``checks`` inside the ``sandboxes`` local jail: bubblewrap namespaces, seccomp,
-   Landlock, rlimits and a cgroup; no network; the host read-only; the venv mounted read-only; a wall-clock limit.
+   Landlock, rlimits and a cgroup; no network (a ChatAgent package: a loopback device of the jail's own, where its
+   session server listens); the host read-only; the venv mounted read-only; a wall-clock limit.
    A package that hangs, forks without end, writes outside its directory or crashes the interpreter is contained
    there and reported: the checks finished before it went wrong, and the step it was in.
 
@@ -178,17 +179,18 @@ def _install(wheel: Path, chat: bool, work: Path, report: ValidationReport) -> P
 
 def _run_jailed(site: Path, chat: bool, report: ValidationReport, timeout_s: float, memory_mb: int) -> None:
     nonce = secrets.token_hex(16)
-    stdin = json.dumps({"nonce": nonce, "env_ids": report.env_ids, "package": report.package, "chat": chat})
-    result = run_worker(site, stdin, timeout_s, memory_mb)
+    stdin = json.dumps({"nonce": nonce, "env_ids": report.env_ids, "package": report.package})
+    result = run_worker(site, stdin, timeout_s, memory_mb, loopback=chat)
     if result["status"] == "unavailable":
         report.isolation = "none available"
         report.add(
             "isolation", False, f"the local jail is unavailable, so nothing of the package ran: {result['detail']}"
         )
         return
+    network = "a loopback device of its own, nothing else" if chat else "no network"
     report.isolation = (
         f"sandboxes {result.get('provider', 'local')} jail: bubblewrap namespaces, seccomp, Landlock, rlimits, "
-        f"cgroup; no network; host read-only; the venv read-only; {timeout_s:g} s wall, {memory_mb} MB"
+        f"cgroup; {network}; host read-only; the venv read-only; {timeout_s:g} s wall, {memory_mb} MB"
     )
     done, step = _read_events(result["stdout"], nonce, report)
     if not done:
