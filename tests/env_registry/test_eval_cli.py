@@ -213,7 +213,7 @@ def test_endpoint_errors_are_retried_then_counted(endpoint, tmp_path, capsys):
         time.sleep(0.01)
     front_url.append(f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}")
     try:
-        rc, _, err = eval_here(capsys, COIN, "--base-url", f"{front_url[0]}/v1", "--max-samples", "2", "--out",
+        rc, _, err = eval_here(capsys, COIN, "--base-url", f"{front_url[0]}/v1", "--max-samples", "2", "--max-new-tokens", "4", "--out",
                                str(tmp_path / "flaky"), "--quiet")  # fmt: skip
         assert rc == 0, err
         assert summary(tmp_path / "flaky")["failures"] == {}
@@ -222,7 +222,7 @@ def test_endpoint_errors_are_retried_then_counted(endpoint, tmp_path, capsys):
         mode[0] = "dead"
         seen.clear()
         rc, _, err = eval_here(capsys, COIN, "--base-url", f"{front_url[0]}/v1", "--max-samples", "2",
-                               "--max-retries", "1", "--out", str(tmp_path / "dead"), "--quiet")  # fmt: skip
+                               "--max-new-tokens", "4", "--max-retries", "1", "--out", str(tmp_path / "dead"), "--quiet")  # fmt: skip
         assert rc == 0, err
         assert summary(tmp_path / "dead")["failures"] == {"endpoint_error": 2}
         assert all("500" in r["failure"]["detail"] for r in samples(tmp_path / "dead"))
