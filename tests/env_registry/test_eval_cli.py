@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -258,7 +259,11 @@ def test_publish_results_uploads_the_summary_per_release(endpoint, server, lette
     sys.path.insert(0, str(source.root))
     [manifest] = source.manifests
     fields = manifest.model_dump(exclude={"id", "entry_point"})
-    registry.register(manifest.id, manifest.entry_point, **fields, package=source.name, package_version=source.version)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # registered again when the server is parametrized
+        registry.register(
+            manifest.id, manifest.entry_point, **fields, package=source.name, package_version=source.version
+        )
     out = tmp_path / "eval"
     rc, printed, err = eval_here(
         capsys, manifest.id, "--base-url", f"{endpoint}/v1", "--max-samples", "2", "--max-new-tokens", "4",
