@@ -2,6 +2,8 @@
 
 - ``Env`` IDs: ``chat_driver.drive_env`` sends the conversation with ``openai.AsyncOpenAI`` (``--wire openai``) or
   ``anthropic.AsyncAnthropic`` (``--wire anthropic``), one request per turn.
+- ``game`` IDs: the model plays one seat (``OneSeatEnv``: the label's ``model_seat``, else the first), the others
+  their scripted policies, driven like an ``Env``.
 - ``ChatAgent`` IDs: the agent's own SDK calls go to the endpoint, through the ``RecordingProxy`` (transcripts,
   token counts, ``--reverify``).
 - A ``molt-train serve`` endpoint (a molt session server, recognized by its ``/health``) gets one session per
@@ -24,6 +26,7 @@ from env_registry.evaluation.chat_driver import Reply, action_text, drive_env
 from env_registry.evaluation.episode import Episode, Failure, Policy, classify
 from env_registry.evaluation.tasks import EnvTask
 from molt_envs import ChatContext, Result, SamplingParams
+from molt_envs.seats import Game, OneSeatEnv
 
 WIRES = ("openai", "anthropic")
 PROBE_TIMEOUT_S = 10.0
@@ -140,6 +143,8 @@ class EndpointPolicy(Policy):
             client = self.client if session is None else self._session_client(session)
             try:
                 env = task.factory()
+                if isinstance(env, Game):  # the model plays one seat, the others their scripted policies
+                    env = OneSeatEnv(env)
             except Exception as exc:
                 return Episode.failed("env_error", f"make: {type(exc).__name__}: {exc}")
             return await drive_env(env, row, self._generator(client), params, task.spec.max_turns)

@@ -1,7 +1,8 @@
 """``EnginePolicy``: an in-process ``Engine`` (the trainer's hf or vLLM engine) driven by the token-level runners.
 
 ``Env`` IDs go through ``StepEnvRunner`` (raw-text and message observations alike), ``ChatAgent`` IDs through
-``ChatAgentRunner`` and its embedded session server. This is what ``molt-train eval`` and the trainer's periodic eval
+``ChatAgentRunner`` and its embedded session server, ``game`` IDs through ``SeatRunner`` (a sample's reward is the
+mean over the seats the model played; ``info["seat_rewards"]`` holds each) — the runners ``runner_for`` picks. This is what ``molt-train eval`` and the trainer's periodic eval
 use; ``molt-env eval --model DIR`` serves the checkpoint instead and goes through ``EndpointPolicy``.
 """
 
@@ -11,7 +12,9 @@ from typing import Any
 
 from env_registry.evaluation.episode import Episode, Policy, classify
 from env_registry.evaluation.tasks import EnvTask
-from molt_envs import ChatAgentRunner, Runner, SamplingParams, StepEnvRunner, Trajectory
+from env_registry.runners import runner_for
+from molt_envs import ChatAgentRunner, Runner, SamplingParams, Trajectory
+from molt_envs.seats import SeatRunner
 
 
 class EnginePolicy(Policy):
@@ -36,13 +39,7 @@ class EnginePolicy(Policy):
             return self.override
         runner = self._runners.get(task.env_id)
         if runner is None:
-            if task.spec.kind == "chat_agent":
-                runner = ChatAgentRunner(task.factory, env_id=task.env_id, spec_hash=task.spec.hash)
-            else:
-                runner = StepEnvRunner(
-                    task.factory, env_id=task.env_id, spec_hash=task.spec.hash, max_turns=task.spec.max_turns
-                )
-            self._runners[task.env_id] = runner
+            runner = self._runners[task.env_id] = runner_for(task.given_id or task.env_id)
         return runner
 
     async def close(self) -> None:
@@ -54,7 +51,12 @@ class EnginePolicy(Policy):
         runner = self._runner(task)
         result = await runner.execute(row["prompt"], row["label"], params, self.max_length, self.tokenizer, self.engine)
         segments: list[Trajectory] = result if isinstance(result, list) else [result]
-        return self.episode(segments, chat=isinstance(runner, ChatAgentRunner))
+        episode = self.episode(segments, chat=isinstance(runner, ChatAgentRunner))
+        if isinstance(runner, SeatRunner) and episode.reward is not None and len(segments) > 1:
+            rewards = {str(s.info.get("seat", i)): s.reward for i, s in enumerate(segments)}
+            episode.reward = episode.score = sum(rewards.values()) / len(rewards)
+            episode.info["seat_rewards"] = rewards
+        return episode
 
     def episode(self, segments: list[Trajectory], chat: bool) -> Episode:
         """An ``Episode`` from a runner's trajectory (or a ChatAgent's segments)."""

@@ -2,7 +2,8 @@
 
 Per env ID: its entry point is discovered from the package's metadata and imported; ``make()`` returns the declared
 kind; the existing conformance checks (``env_registry.conformance``); the datasets (each declared split loads with
-its declared keys, no exact-duplicate prompts between train and test); determinism (the same seed gives the same
+its declared keys and, for a generator split, the size its ``kwargs`` declare; no exact-duplicate prompts between
+train and test); determinism (the same seed gives the same
 prompts, the same transcript the same grade); and a smoke eval with scripted policies (an empty answer, garbage, an
 over-long answer, and the dataset's reference answer) through the real runners: rewards inside ``reward_range``,
 the reference earning the top reward, no grader crash, every episode ending within ``max_turns``.
@@ -119,6 +120,13 @@ def _check_datasets(spec: EnvSpec, add: Callable[..., bool]) -> list[dict[str, A
             bool(loaded[split]),
             f"{len(loaded[split])} rows" if loaded[split] else "no rows",
         )
+        declared = spec.datasets[split].kwargs.get("size")
+        if spec.datasets[split].generator and isinstance(declared, int) and declared <= OVERLAP_ROW_LIMIT:
+            add(
+                f"dataset split {split!r} has the declared size",
+                len(loaded[split]) == declared,
+                f"{len(loaded[split])} rows; the manifest's kwargs say size = {declared}",
+            )
     if not spec.datasets:
         add("datasets declared", False, "the manifest declares no dataset split; evals and training need one")
     if "train" in loaded and "test" in loaded:

@@ -14,6 +14,10 @@ def rows(split: str, size: int = 4, shared: bool = False):
         yield {"question": f"{prefix} {i}", "answer": str(i), "reference": str(i)}
 
 
+def short_rows(split: str, size: int = 4):
+    yield from rows(split, size - 1)  # one row fewer than the manifest declares
+
+
 class OutOfRange(Env):
     async def step(self, state: StepState) -> Result:
         return Result(reward=2.0 if state["action_text"].startswith(state["label"]) else 0.0)
@@ -39,3 +43,5 @@ def data(shared: bool = False) -> dict:
 register("broken/out-of-range-v1", "broken_envs:OutOfRange", max_turns=1, datasets=data())
 register("broken/crash-v1", "broken_envs:CrashesOnEmpty", max_turns=1, datasets=data())
 register("broken/moody-v1", "broken_envs:Moody", max_turns=1, datasets=data(shared=True))
+short = {"generator": "broken_envs:short_rows", "kwargs": {"size": 4}, "input_key": "question", "label_key": "answer"}
+register("broken/short-v1", "broken_envs:OutOfRange", max_turns=1, datasets={"test": short})

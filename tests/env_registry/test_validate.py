@@ -110,7 +110,8 @@ def test_the_checks_name_what_is_broken():
     import broken_envs  # noqa: F401  (registers broken/*)
 
     checks = []
-    run_checks(["broken/out-of-range-v1", "broken/crash-v1", "broken/moody-v1"], None, checks.append, lambda s: None)
+    ids = ["broken/out-of-range-v1", "broken/crash-v1", "broken/moody-v1", "broken/short-v1"]
+    run_checks(ids, None, checks.append, lambda s: None)
     bad = {(c.env_id, c.name): c.detail for c in checks if not c.passed}
     assert (
         "outside the declared reward_range [0.0, 1.0]"
@@ -121,6 +122,10 @@ def test_the_checks_name_what_is_broken():
     assert "4 of 4 test prompts also appear in train" in bad[("broken/moody-v1", "train and test share no prompt")]
     assert ("broken/moody-v1", "determinism: same grade for the same transcript") in bad
     assert "earned" in bad[("broken/moody-v1", "smoke eval: reference answer")]
+    assert (
+        "3 rows; the manifest's kwargs say size = 4"
+        in bad[("broken/short-v1", "dataset split 'test' has the declared size")]
+    )
 
 
 @pytest.mark.parametrize(
