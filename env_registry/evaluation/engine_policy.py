@@ -26,12 +26,23 @@ class EnginePolicy(Policy):
         max_length: the context budget of one episode, in tokens.
         name: how the summary names the model (e.g. ``hf:/path/to/checkpoint``).
         runner: a runner to use for every task instead of the env's own (``--train.agent_path``).
+        keep_session_servers: leave this loop's ChatAgent session servers running at the end (the trainer's
+            rollouts share them).
     """
 
-    def __init__(self, engine: Any, tokenizer: Any, max_length: int, name: str, runner: Runner | None = None) -> None:
+    def __init__(
+        self,
+        engine: Any,
+        tokenizer: Any,
+        max_length: int,
+        name: str,
+        runner: Runner | None = None,
+        keep_session_servers: bool = False,
+    ) -> None:
         self.engine, self.tokenizer, self.max_length = engine, tokenizer, max_length
         self.name = name
         self.override = runner
+        self.keep_session_servers = keep_session_servers
         self._runners: dict[str, Runner] = {}
 
     def _runner(self, task: EnvTask) -> Runner:
@@ -45,7 +56,8 @@ class EnginePolicy(Policy):
     async def close(self) -> None:
         from molt_envs.chat_runner import close_session_servers
 
-        await close_session_servers()
+        if not self.keep_session_servers:
+            await close_session_servers()
 
     async def run(self, task: EnvTask, row: dict[str, Any], params: SamplingParams) -> Episode:
         runner = self._runner(task)

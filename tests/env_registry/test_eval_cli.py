@@ -273,3 +273,20 @@ def test_publish_results_uploads_the_summary_per_release(endpoint, server, lette
     assert f"published the eval of {manifest.id}" in printed
     stored = httpx.get(f"{server.url}/api/packages/{source.name}/{source.version}/evals").json()
     assert stored and stored[-1]["summary"]["spec_hash"] == summary(out)["spec_hash"]
+
+
+def test_molt_train_eval_is_the_same_loop_with_pass_at_k(checkpoint, capsys):
+    """``molt-train eval`` (and the trainer's periodic eval: the same ``RolloutWorker.evaluate``) goes through
+    ``env_registry.evaluation``: n samples per row, pass@k for every k <= n, failures by reason."""
+    import json
+
+    from molt_train import eval_cli
+
+    argv = ["--env", COIN, "--actor.model_name_or_path", str(checkpoint), "--eval.max_samples", "3",
+            "--eval.n_samples_per_prompt", "4", "--eval.temperature", "1.0", "--rollout.max_new_tokens", "4"]  # fmt: skip
+    assert eval_cli.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["num_rows"] == 3 and result["failed"] == 0
+    assert [k for k in result if k.startswith("pass@")] == ["pass@1", "pass@2", "pass@3", "pass@4"]
+    assert result["accuracy"] == pytest.approx(result["pass@1"])  # 0/1 rewards, every sample completed
+    assert result["pass@4"] > 0.0 and result["pass@1"] <= result["pass@4"] <= 1.0
