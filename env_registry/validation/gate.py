@@ -25,6 +25,7 @@ from env_registry.validation.validate import now, validate
 from env_registry.validation_states import FAILED, PASSED
 
 POLL_S = 1.0
+RETRY_S = 10.0
 
 
 def validate_release(registry: LocalRegistry, package: str, version: str, timeout_s: float) -> ValidationReport:
@@ -51,14 +52,20 @@ def validate_release(registry: LocalRegistry, package: str, version: str, timeou
 
 
 def run(registry: LocalRegistry, timeout_s: float, stop: threading.Event) -> None:
-    """Validate pending releases until ``stop`` is set."""
+    """Validate pending releases until ``stop`` is set. A database or file-store error is printed and retried
+    (the release stays pending), so the gate outlives a database restart."""
     while not stop.is_set():
-        pending = registry.pending_validations()
-        for info in pending:
-            report = validate_release(registry, info.package, info.version, timeout_s)
-            print(f"validated {info.package} {info.version}: {PASSED if report.ok else FAILED}", flush=True)
-            if stop.is_set():
-                return
+        try:
+            pending = registry.pending_validations()
+            for info in pending:
+                report = validate_release(registry, info.package, info.version, timeout_s)
+                print(f"validated {info.package} {info.version}: {PASSED if report.ok else FAILED}", flush=True)
+                if stop.is_set():
+                    return
+        except Exception as exc:
+            print(f"publish gate: {type(exc).__name__}: {exc}; retrying in {RETRY_S:g} s", file=sys.stderr, flush=True)
+            stop.wait(RETRY_S)
+            continue
         if not pending:
             stop.wait(POLL_S)
 
