@@ -240,10 +240,6 @@ def test_publish_results_needs_a_registry_server(endpoint, tmp_path, capsys):
     assert rc == 2 and "--publish-results needs a registry server" in err
 
 
-@pytest.mark.skipif(
-    not hasattr(__import__("env_registry.client").client.RegistryClient, "publish_eval"),
-    reason="needs the hub's POST /api/packages/<pkg>/<version>/evals and RegistryClient.publish_eval",
-)
 def test_publish_results_uploads_the_summary_per_release(endpoint, server, letter_count, tmp_path, capsys):
     """The example package published to a live registry server; its eval summary uploaded next to the release."""
     import httpx
