@@ -290,6 +290,7 @@ class EvalConfig:
     )
     max_new_tokens: int | None = option(None, "generation budget at eval (default: the rollout's)", minimum=1)
     temperature: float = option(0.0, "eval sampling temperature (0 = greedy)", minimum=0)
+    n_samples_per_prompt: int = option(1, "samples per row at eval; pass@k is logged for every k <= n", minimum=1)
     eval_at_start: bool = option(False, "evaluate before the first step", commands=RL)
 
 

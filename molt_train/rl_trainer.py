@@ -305,7 +305,9 @@ class RLTrainer:
         import ray
 
         t = time.perf_counter()
-        result = ray.get(self.rollout.evaluate.remote(self.eval_rows, eval_sampling(self.cfg)))
+        result = ray.get(
+            self.rollout.evaluate.remote(self.eval_rows, eval_sampling(self.cfg), self.cfg.eval.n_samples_per_prompt)
+        )
         out = {f"eval/{k}": v for k, v in result.items()}
         out["timing/eval_s"] = time.perf_counter() - t
         return out

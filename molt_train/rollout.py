@@ -76,7 +76,7 @@ class RolloutWorker:
             self.runner = env_registry.runner_for(env_id)
         if hasattr(self.runner, "engine_loader"):  # a game's frozen-checkpoint seats: an hf engine of their own
             self.runner.engine_loader = lambda path: (e := HFEngine.from_pretrained(path), e.tokenizer)
-        self.max_len, self.timeout_s = max_len, timeout_s
+        self.max_len, self.timeout_s, self.env_id = max_len, timeout_s, env_id
         self.rows: list[dict[str, Any]] = []
         self.sampler: PromptSampler | None = None
 
@@ -162,20 +162,34 @@ class RolloutWorker:
         return end - start
 
     # -- evaluation --
-    async def evaluate(self, rows: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, float]:
-        """Mean reward (= accuracy for exact-match graders) over ``rows``, one sample each; failures count as 0."""
-        base = SamplingParams(**params)
-        results = await asyncio.gather(
-            *[self._episode(r, base.updated(seed=k), f"eval:{k}") for k, r in enumerate(rows)]
+    async def evaluate(self, rows: list[dict[str, Any]], params: dict[str, Any], n: int = 1) -> dict[str, float]:
+        """``n`` samples of each of ``rows`` through ``molt-env eval``'s loop (``env_registry.evaluation``) on this
+        engine: ``accuracy`` (the mean reward, a failed sample at the bottom of the reward range), ``pass@k`` for
+        every k <= n, ``failed`` and ``failures/<reason>`` counts, ``response_length`` (mean completion tokens)."""
+        import env_registry
+        from env_registry.evaluation import EnginePolicy, EnvTask, EvalSettings, evaluate
+
+        spec, factory = env_registry.registry.factory(self.env_id)
+        task = EnvTask(spec.id, spec, factory, rows, given_id=self.env_id)
+        settings = EvalSettings(
+            n=n,
+            temperature=params["temperature"],
+            max_new_tokens=params["max_tokens"],
+            concurrency=max(1, len(rows) * n),  # the engine batches whatever is in flight
+            timeout_s=self.timeout_s,
         )
-        rewards = [segs[0].reward if reason is None else 0.0 for segs, reason in results]
-        lengths = [sum(s.num_action_tokens for s in segs) for segs, reason in results if reason is None]
-        return {
-            "accuracy": sum(rewards) / max(len(rewards), 1),
+        name = f"engine:{self.model_path}"
+        policy = EnginePolicy(self.engine, self.tokenizer, self.max_len, name, self.runner, keep_session_servers=True)
+        summary = await evaluate([task], policy, settings, out=None, report=False)
+        out = {
+            "accuracy": summary["mean_reward"],
             "num_rows": float(len(rows)),
-            "failed": float(sum(reason is not None for _, reason in results)),
-            "response_length": sum(lengths) / max(len(lengths), 1),
+            "failed": float(sum(summary["failures"].values())),
+            "response_length": summary["completion_tokens_mean"] or 0.0,
         }
+        out.update({k: v for k, v in summary.items() if k.startswith("pass@")})
+        out.update({f"failures/{reason}": float(count) for reason, count in summary["failures"].items()})
+        return out
 
     # -- weights --
     def _whole_batch(self) -> contextlib.AbstractAsyncContextManager:
@@ -276,7 +290,8 @@ def eval_sampling(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> dict[str, An
 
 
 def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Path) -> dict[str, float]:
-    """Score ``model_path`` on ``--eval.split`` of ``--env`` in this process (no Ray), one sample per row."""
+    """Score ``model_path`` on ``--eval.split`` of ``--env`` in this process (no Ray), ``--eval.n_samples_per_prompt``
+    samples per row, through the same loop as ``molt-env eval``."""
     worker = RolloutWorker(
         str(model_path),
         env_id=cfg.env,
@@ -286,4 +301,4 @@ def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Pa
         max_batch_size=cfg.rollout.max_batch_size,
     )
     rows = load_rows(cfg, cfg.eval.split, cfg.eval.max_samples)
-    return asyncio.run(worker.evaluate(rows, eval_sampling(cfg)))
+    return asyncio.run(worker.evaluate(rows, eval_sampling(cfg), cfg.eval.n_samples_per_prompt))
