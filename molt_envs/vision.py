@@ -121,6 +121,8 @@ class VisionInputs:
 
     images: list[Any] = field(default_factory=list)
     tensors: dict[str, Any] = field(default_factory=dict)
+    token_id: int = -1  # the placeholder token the processor expanded
+    token_counts: list[int] = field(default_factory=list)  # placeholder tokens of each image, in order
 
     def __add__(self, other: VisionInputs | None) -> VisionInputs:
         if other is None or not other.images:
@@ -132,8 +134,35 @@ class VisionInputs:
         if set(self.tensors) != set(other.tensors):
             raise ValueError(f"image tensors {sorted(self.tensors)} and {sorted(other.tensors)} cannot be joined")
         return VisionInputs(
-            self.images + other.images, {k: torch.cat([v, other.tensors[k]]) for k, v in self.tensors.items()}
+            self.images + other.images,
+            {k: torch.cat([v, other.tensors[k]]) for k, v in self.tensors.items()},
+            self.token_id,
+            self.token_counts + other.token_counts,
         )
+
+    def collapse(self, token_ids: list[int]) -> list[int]:
+        """``token_ids`` with each image's run of placeholders folded back to one placeholder (what an engine that
+        expands placeholders itself, such as vLLM, takes alongside the images).
+
+        Raises:
+            ValueError: the ids do not hold exactly these images' placeholders.
+        """
+        out, i, k = [], 0, 0
+        while i < len(token_ids):
+            if token_ids[i] != self.token_id:
+                out.append(token_ids[i])
+                i += 1
+                continue
+            if (
+                k >= len(self.token_counts)
+                or token_ids[i : i + self.token_counts[k]] != [self.token_id] * self.token_counts[k]
+            ):
+                raise ValueError(f"the token ids hold other image placeholders than the {len(self)} image(s) given")
+            out.append(self.token_id)
+            i, k = i + self.token_counts[k], k + 1
+        if k != len(self.token_counts):
+            raise ValueError(f"the token ids place {k} of the {len(self)} image(s) given")
+        return out
 
     def __len__(self) -> int:
         return len(self.images)
@@ -179,7 +208,23 @@ class VisionCodec:
         except (ValueError, TypeError, OSError) as exc:
             raise ImageError(f"the model's processor refused the images: {exc}") from None
         tensors = {name: out[name] for name in self.tensor_names if name in out}
-        return out["input_ids"][0].tolist(), VisionInputs(list(images), tensors)
+        ids = out["input_ids"][0].tolist()
+        return ids, VisionInputs(list(images), tensors, self.image_token_id, self._counts(ids, len(images)))
+
+    def _counts(self, ids: list[int], images: int) -> list[int]:
+        """Each image's number of placeholder tokens: its run of them (runs of adjacent images split evenly)."""
+        runs, run = [], 0
+        for token in [*ids, None]:
+            if token == self.image_token_id:
+                run += 1
+            elif run:
+                runs, run = [*runs, run], 0
+        if len(runs) == images:
+            return runs
+        total = sum(runs)
+        if total % images == 0 and all(r % (total // images) == 0 for r in runs):
+            return [total // images] * images
+        raise ImageError(f"the processor's placeholders ({runs}) cannot be told apart into {images} image(s)")
 
 
 _CODECS: weakref.WeakKeyDictionary[Any, VisionCodec] = weakref.WeakKeyDictionary()
