@@ -123,8 +123,12 @@ def make_vl_model(path: str, shape: str, device: str = "cuda") -> str:
     Needs torchvision (transformers' Qwen2-VL video processor does); loads with ``AutoProcessor`` and vLLM."""
     import torch
     from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import AutoProcessor, PreTrainedTokenizerFast, Qwen2_5_VLConfig
-    from transformers import Qwen2_5_VLForConditionalGeneration
+    from transformers import (
+        AutoProcessor,
+        PreTrainedTokenizerFast,
+        Qwen2_5_VLConfig,
+        Qwen2_5_VLForConditionalGeneration,
+    )
 
     from molt_envs.envs.shapes import COLOURS, KINDS
 
@@ -174,8 +178,12 @@ def make_vl_model(path: str, shape: str, device: str = "cuda") -> str:
     image = {"patch_size": 14, "merge_size": 2, "temporal_patch_size": 2, "size": {"shortest_edge": 56 * 56,
              "longest_edge": 28 * 28 * 1280}, "image_mean": [0.48145466, 0.4578275, 0.40821073],
              "image_std": [0.26862954, 0.26130258, 0.27577711]}  # fmt: skip
-    (out / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "Qwen2VLImageProcessor", **image}))
-    (out / "video_preprocessor_config.json").write_text(json.dumps({"video_processor_type": "Qwen2VLVideoProcessor", **image}))
+    (out / "preprocessor_config.json").write_text(
+        json.dumps({"image_processor_type": "Qwen2VLImageProcessor", **image})
+    )
+    (out / "video_preprocessor_config.json").write_text(
+        json.dumps({"video_processor_type": "Qwen2VLVideoProcessor", **image})
+    )
     (out / "processor_config.json").write_text(json.dumps({"processor_class": "Qwen2_5_VLProcessor"}))
     (out / "chat_template.jinja").write_text(VL_CHATML)
     AutoProcessor.from_pretrained(out).save_pretrained(out)  # the processor as transformers writes it

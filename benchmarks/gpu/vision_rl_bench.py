@@ -63,20 +63,24 @@ def run(args: argparse.Namespace, mode: str, rows: Path, out: Path) -> list[dict
     start = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=args.timeout)
     if done.returncode != 0:
-        raise SystemExit(f"{mode} run failed ({time.time() - start:.0f}s):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+        raise SystemExit(
+            f"{mode} run failed ({time.time() - start:.0f}s):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+        )
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
 def summary(records: list[dict]) -> dict[str, float]:
     timed = records[1:] or records  # the first step compiles vLLM's graphs and warms the trainer
-    generated = [b["engine/generated_tokens"] - a["engine/generated_tokens"] for a, b in zip(records, records[1:])]
-    tok_s = [g / r["timing/rollout_s"] for g, r in zip(generated, timed)] if generated else []
+    generated = [
+        b["engine/generated_tokens"] - a["engine/generated_tokens"] for a, b in zip(records, records[1:], strict=False)
+    ]
+    tok_s = [g / r["timing/rollout_s"] for g, r in zip(generated, timed, strict=True)] if generated else []
     median = statistics.median
     return {
         "rollout_tok_s": median(tok_s) if tok_s else float("nan"),
         "rollout_s": median(r["timing/rollout_s"] for r in timed),
         "step_s": median(r["timing/step"] for r in timed),
-        "sync_s": median(r.get("weight_sync/copy_s", 0.0) + r.get("weight_sync/wait_s", 0.0) for r in timed),
+        "sync_s": median(r["timing/weight_sync_wait_engine_s"] + r["timing/weight_sync_move_s"] for r in timed),
         "checked_params": records[-1]["weight_sync/checked_params"],
         "k3_kl": max(r["mismatch/k3_kl"] for r in records),
         "dropped": sum(r["rollout/dropped_total"] for r in records),

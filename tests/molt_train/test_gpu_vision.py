@@ -79,11 +79,15 @@ def test_vllm_rollouts_carry_the_exact_image_tokens_and_match_the_hf_forward(vl_
         mask = torch.ones_like(ids)
         tensors = {k: v.cuda() for k, v in traj.mm_inputs.tensors.items()}
         with torch.no_grad():
-            logits = model(
-                input_ids=ids, attention_mask=mask, position_ids=position_ids(model, ids, mask, tensors), **tensors
-            ).logits[0].float()
+            logits = (
+                model(
+                    input_ids=ids, attention_mask=mask, position_ids=position_ids(model, ids, mask, tensors), **tensors
+                )
+                .logits[0]
+                .float()
+            )
         logp = torch.log_softmax(logits, -1)
-        (start, end), = traj.action_ranges
+        ((start, end),) = traj.action_ranges
         forced = logp[start - 1 : end - 1].gather(-1, ids[0, start:end, None])[:, 0].cpu()
         diffs.append((forced - torch.tensor(traj.log_probs[start:end])).abs().mean().item())
     assert sum(diffs) / len(diffs) < 0.05, diffs  # bf16 vLLM vs bf16 HF on the same ids and pixels

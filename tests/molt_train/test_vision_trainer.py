@@ -64,7 +64,7 @@ def test_layers_to_shard_covers_the_vision_tower(sft_vl):
 @pytest.fixture(scope="module")
 def rl_vl(sft_vl, tmp_path_factory):
     from molt_train.config import parse
-    from molt_train.trainer import RLTrainer
+    from molt_train.rl_trainer import RLTrainer
 
     out = tmp_path_factory.mktemp("rl-vl")
     flags = ["--actor.model_name_or_path", str(sft_vl / "hf"), "--ckpt.output_dir", str(out)]
@@ -100,7 +100,9 @@ async def test_the_trained_checkpoint_serves_images_on_both_wires(rl_vl, serve_v
     reply = await serve_vl.openai(server, session).chat.completions.create(
         model="policy",
         max_tokens=3,
-        messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}],
+        messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": f"data:image/png;base64,{data}"}}]}
+        ],
     )
     block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
     message = await serve_vl.anthropic(server, other).messages.create(
