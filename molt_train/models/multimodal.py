@@ -37,10 +37,11 @@ def load_model(path: str | Path, **kwargs: Any) -> nn.Module:
 
 
 def load_processor(path: str | Path) -> Any:
-    """The checkpoint's ``AutoProcessor`` when it ships an image processor, else its tokenizer."""
+    """The checkpoint's ``AutoProcessor`` when it ships an image processor (``preprocessor_config.json``, or a
+    ``processor_config.json`` holding it: what transformers 5 writes), else its tokenizer."""
     from transformers import AutoProcessor, AutoTokenizer
 
-    if (Path(path) / "preprocessor_config.json").is_file():
+    if any((Path(path) / name).is_file() for name in ("preprocessor_config.json", "processor_config.json")):
         return AutoProcessor.from_pretrained(path)
     return AutoTokenizer.from_pretrained(path)
 

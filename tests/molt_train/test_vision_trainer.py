@@ -14,6 +14,7 @@ import torch
 
 from molt_envs.envs.shapes import make_row
 from molt_train.metrics import read_metrics
+from molt_train.models.multimodal import load_processor
 
 SHAPES = ["--env", "molt/shapes-v1", "--no-logger.progress", "--data.max_len", "128"]
 
@@ -56,7 +57,7 @@ def test_layers_to_shard_covers_the_vision_tower(sft_vl):
 
     model = load_model(sft_vl / "hf")
     layers = layers_to_shard(model)
-    towers = list(model.model.vision_tower.vision_model.encoder.layers)
+    towers = list(model.model.vision_tower.encoder.layers)
     assert len(layers) == len(model.model.language_model.layers) + len(towers)
     assert all(any(block is layer for layer in layers) for block in towers)
 
@@ -89,7 +90,7 @@ def test_rl_on_images_recomputes_the_engines_log_probs_and_syncs_every_weight(rl
         # the policy forward read the same images aligned with the same placeholders as the engine
         assert r["mismatch/abs_diff_mean"] < 1e-4, r
     assert "eval/accuracy" in records[-1]
-    assert (rl_vl / "hf" / "preprocessor_config.json").is_file()
+    assert hasattr(load_processor(rl_vl / "hf"), "image_processor")
 
 
 async def test_the_trained_checkpoint_serves_images_on_both_wires(rl_vl, serve_vl):
