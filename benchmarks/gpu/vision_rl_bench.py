@@ -2,8 +2,8 @@
 through ``molt-train rl`` (vLLM rollout, FSDP2 training, CUDA-IPC weight sync checked every step), once with each
 row's image and once text-only.
 
-    python3 benchmarks/gpu/vision_rl_bench.py --model /tmp/models/vl3b [--image-size 448] [--steps 4]
-        [--prompts 32] [--samples 8] [--new-tokens 256] [--modes vision text]
+    python3 benchmarks/gpu/vision_rl_bench.py --model /tmp/models/vl3b [--shape vl-3b] [--image-size 448]
+        [--steps 4] [--prompts 32] [--samples 8] [--new-tokens 256] [--modes vision text]
 
 The rows go to ``--data.prompt_dataset`` as JSONL (the image a base64 PNG, resized to ``--image-size`` square:
 448 px = 256 image tokens per prompt for Qwen2.5-VL) and the vision run adds ``--data.image_key image``; the text run
@@ -11,7 +11,9 @@ reads the same questions without it, so the two differ only by the images. Rando
 ``--new-tokens``; rewards are the env's grader (near 0), so this measures speed, not learning.
 Per mode (steps after the first, which compiles): rollout tok/s (generated tokens / rollout time), step time, the
 weight sync, the trainer's log-prob mismatch with vLLM, and the prompt length. ``RESULT`` lines go to
-``$OUT/results.jsonl``. Make the model first: ``python3 benchmarks/gpu/shapes.py /tmp/models/vl3b vl-3b``.
+``$OUT/results.jsonl``. The model is made first when ``--model`` does not hold one yet (``shapes.py``'s ``--shape``,
+a random bf16 Qwen2.5-VL of the 3B shape by default, ~1 min). Training uses gradient checkpointing (fp32 master
+weights and Adam state of 3.8B parameters share the GPU with vLLM).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import base64
 import io
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -28,7 +31,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from shapes import record  # noqa: E402
+from shapes import make_vl_model, record  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -54,11 +57,13 @@ def run(args: argparse.Namespace, mode: str, rows: Path, out: Path) -> list[dict
         "--rollout.batch_size", str(args.prompts), "--rollout.n_samples_per_prompt", str(args.samples),
         "--rollout.max_new_tokens", str(args.new_tokens), "--rollout.top_k", "-1", "--data.max_len", "2048",
         "--train.num_steps", str(args.steps), "--eval.max_samples", "0", "--actor.adam.lr", "1e-6",
-        "--train.micro_batch_size", "32", "--train.max_tokens_per_gpu", "32768", "--ray.num_cpus", "8",
+        "--train.micro_batch_size", "32", "--train.max_tokens_per_gpu", "16384", "--actor.gradient_checkpoint",
+        "--ray.num_cpus", "8",
         "--ckpt.output_dir", str(out), "--no-logger.progress",
     ]  # fmt: skip
     if mode == "vision":
         cmd += ["--data.image_key", "image"]
+    shutil.rmtree(out, ignore_errors=True)  # a fresh run: no earlier metrics or checkpoints
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     start = time.time()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=args.timeout)
@@ -90,7 +95,8 @@ def summary(records: list[dict]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True)
+    parser.add_argument("--model", required=True, help="checkpoint directory (made there when absent)")
+    parser.add_argument("--shape", default="vl-3b", choices=["vl-3b", "vl-tiny"], help="the model made if absent")
     parser.add_argument("--image-size", type=int, default=448)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--prompts", type=int, default=32)
@@ -102,6 +108,7 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    make_vl_model(args.model, args.shape)  # kept if already there
     rows = write_rows(work / "rows.jsonl", args.prompts * args.steps, args.image_size)
     results = {}
     for mode in args.modes:

@@ -44,7 +44,8 @@ def vl_dir(tmp_path_factory) -> str:
 
 
 def test_vllm_rollouts_carry_the_exact_image_tokens_and_match_the_hf_forward(vl_dir):
-    from molt_train.engines.vllm import VLLMEngine, VLLMOptions
+    from molt_train.config import VLLMConfig
+    from molt_train.engines.vllm import VLLMEngine
 
     processor = load_processor(vl_dir)
     codec = vision_codec(processor)
@@ -53,7 +54,7 @@ def test_vllm_rollouts_carry_the_exact_image_tokens_and_match_the_hf_forward(vl_
 
     async def rollouts():
         engine = VLLMEngine(
-            vl_dir, VLLMOptions(gpu_memory_utilization=0.3, enforce_eager=True, max_model_len=512),
+            vl_dir, VLLMConfig(gpu_memory_utilization=0.3, enforce_eager=True, max_model_len=512),
             tokenizer=processor.tokenizer,
         )  # fmt: skip
         runner = StepEnvRunner(ShapesEnv)
@@ -69,6 +70,10 @@ def test_vllm_rollouts_carry_the_exact_image_tokens_and_match_the_hf_forward(vl_
             engine.shutdown()
 
     trajs = loop.run_until_complete(rollouts())
+    pending = asyncio.all_tasks(loop)  # vLLM's output handler: let its cancellation run before the loop closes
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.close()
     model = load_model(vl_dir, dtype=torch.bfloat16).cuda().eval()
     diffs = []
