@@ -46,7 +46,11 @@ class RayConfig:
 class ModelConfig:
     """A model built from scratch (the tokenizer is trained on the env's train split)."""
 
-    config: str | None = option(None, "build a model from scratch: 'tiny'", choices=("tiny",))
+    config: str | None = option(
+        None,
+        "build a model from scratch: 'tiny' (a Qwen2 decoder) or 'tiny-vl' (a LLaVA VLM with its processor)",
+        choices=("tiny", "tiny-vl"),
+    )
     hidden_size: int = option(64, "tiny model width", minimum=1)
     num_layers: int = option(2, "tiny model depth", minimum=1)
     num_heads: int = option(4, "tiny model attention heads", minimum=1)
@@ -130,6 +134,10 @@ class DataConfig:
     input_key: str = option("input", "prompt field of --data.prompt_dataset rows")
     label_key: str = option("label", "label field of --data.prompt_dataset rows")
     output_key: str = option("output", "reference completion field of --data.prompt_dataset rows", commands=("sft",))
+    image_key: str | None = option(
+        None,
+        "image field of --data.prompt_dataset rows, for a vision model (base64, data: URIs or paths; one or a list)",
+    )
     split: str = option("train", "env split to train on")
     max_samples: int | None = option(None, "train on at most this many rows", minimum=1)
     max_len: int = option(1024, "total context (prompt + generated) in tokens", minimum=2)
@@ -490,7 +498,7 @@ class SFTConfig:
         _require_output_dir(self)
         if (self.model.config is None) == (self.actor.model_name_or_path is None):
             raise ConfigError(
-                "pass exactly one of --model.config tiny (train from scratch) and "
+                "pass exactly one of --model.config tiny|tiny-vl (train from scratch) and "
                 "--actor.model_name_or_path DIR (fine-tune a checkpoint)"
             )
         if self.train.batch_size < 1:

@@ -1,8 +1,11 @@
 """Training rows: prompts, labels and reference completions from an env's split or a JSONL file.
 
-Rows are ``{"prompt": [chat messages] | str, "label": ..., "reference": str | None}``. ``PromptSampler`` hands out
-batch ``k`` deterministically (a fresh seeded permutation per epoch), so a resumed run continues from the same data
-position. ``encode_sft`` derives the assistant span from the model's own chat template.
+Rows are ``{"prompt": [chat messages] | str, "label": ..., "reference": str | None, "images": [...]}``: a vision
+env's split carries its rows' images, and ``--data.image_key`` names a JSONL row's field holding its image(s) (a
+base64 string, a ``data:`` URI or a path relative to the file; one or a list). ``PromptSampler`` hands out batch
+``k`` deterministically (a fresh seeded permutation per epoch), so a resumed run continues from the same data
+position. ``encode_sft`` derives the assistant span from the model's own chat template; for a vision model (a
+processor for ``tokenizer``) the prompt's images are placed and expanded as a rollout's would be.
 """
 
 from __future__ import annotations
@@ -31,7 +34,9 @@ def load_rows(
 
     spec = env_registry.spec(cfg.env)
     rows = env_registry.load_split(spec, split, limit)
-    return [{"prompt": r["prompt"], "label": r["label"], "reference": r["reference"]} for r in rows]
+    return [
+        {"prompt": r["prompt"], "label": r["label"], "reference": r["reference"], "images": r["images"]} for r in rows
+    ]
 
 
 def _jsonl_rows(path: Path, data: DataConfig, limit: int | None) -> list[dict[str, Any]]:
@@ -53,12 +58,35 @@ def _jsonl_rows(path: Path, data: DataConfig, limit: int | None) -> list[dict[st
             prompt = raw[data.input_key]
             if isinstance(prompt, str):
                 prompt = [{"role": "user", "content": prompt}]
-            rows.append({"prompt": prompt, "label": raw.get(data.label_key), "reference": raw.get(data.output_key)})
+            images = _row_images(raw, data.image_key, path, n) if data.image_key else []
+            rows.append(
+                {
+                    "prompt": prompt,
+                    "label": raw.get(data.label_key),
+                    "reference": raw.get(data.output_key),
+                    "images": images,
+                }
+            )
             if limit is not None and len(rows) >= limit:
                 break
     if not rows:
         raise ValueError(f"--data.prompt_dataset {path} has no rows")
     return rows
+
+
+def _row_images(raw: dict[str, Any], key: str, path: Path, n: int) -> list[Any]:
+    """A JSONL row's images: base64 / ``data:`` strings as they are (the runner decodes them), file paths (relative
+    to the dataset file) read as bytes."""
+    if key not in raw:
+        raise ValueError(f"{path}:{n} has no {key!r} field (fields: {sorted(raw)}); fix --data.image_key")
+    value = raw[key]
+    images = []
+    for item in value if isinstance(value, list) else [value]:
+        if not isinstance(item, str):
+            raise ValueError(f"{path}:{n} {key!r} must hold strings (base64, data: URIs or paths), got {item!r:.80}")
+        file = (path.parent / item) if len(item) < 4096 and not item.startswith("data:") else None
+        images.append(file.read_bytes() if file is not None and file.is_file() else item)
+    return images
 
 
 class PromptSampler:
@@ -81,14 +109,27 @@ class PromptSampler:
 
 
 def encode_sft(
-    tokenizer: Any, prompt: str | list[dict[str, Any]], reference: str, max_len: int
-) -> tuple[list[int], list[bool]]:
-    """Token ids of prompt + assistant reply, and a loss mask that is True on the reply through its end token.
+    tokenizer: Any, prompt: str | list[dict[str, Any]], reference: str, max_len: int, images: list[Any] | None = None
+) -> tuple[list[int], list[bool], Any]:
+    """Token ids of prompt + assistant reply, a loss mask that is True on the reply through its end token, and the
+    prompt's image inputs (``VisionInputs``, None without images).
 
     The prompt is the template with ``add_generation_prompt`` (exactly what a rollout conditions on); the reply is
     whatever the template adds after it for the assistant message, up to and including the eos token.
+
+    Raises:
+        ValueError: the template renders the prompt differently once a reply follows, or the images do not fit
+        under ``max_len`` (``molt_envs.vision.ImageError``: a bad image or a text-only model).
     """
+    from molt_envs.vision import load_image, place_images, require_codec, text_tokenizer
+
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+    codec, mm = None, None
+    if images:
+        codec = require_codec(tokenizer, len(images))
+        messages, images = place_images(messages, images)
+        images = [load_image(image, f"image {k}") for k, image in enumerate(images)]
+    tokenizer = text_tokenizer(tokenizer)
     prefix = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     full = tokenizer.apply_chat_template(messages + [{"role": "assistant", "content": str(reference)}], tokenize=False)
     if not full.startswith(prefix):
@@ -96,11 +137,16 @@ def encode_sft(
             "the chat template renders the prompt differently once an assistant reply follows; "
             "the assistant span cannot be derived from it"
         )
-    prompt_ids = tokenizer.encode(prefix, add_special_tokens=False)
+    if codec is not None:
+        prompt_ids, mm = codec.encode(prefix, images)
+        if len(prompt_ids) >= max_len:
+            raise ValueError(f"the prompt with its images is {len(prompt_ids)} tokens; raise --data.max_len")
+    else:
+        prompt_ids = tokenizer.encode(prefix, add_special_tokens=False)
     reply_ids = tokenizer.encode(full[len(prefix) :], add_special_tokens=False)
     eos = tokenizer.eos_token_id
     if eos in reply_ids:
         reply_ids = reply_ids[: reply_ids.index(eos) + 1]
     ids = (prompt_ids + reply_ids)[:max_len]
     mask = ([False] * len(prompt_ids) + [True] * len(reply_ids))[:max_len]
-    return ids, mask
+    return ids, mask, mm

@@ -8,7 +8,8 @@ waits until the batch being generated is complete, so every trajectory comes fro
 
 Every prompt gets ``n_samples_per_prompt`` rollouts sharing a ``group_id``; a runner may return one Trajectory, a
 list of segment Trajectories sharing a ``rollout_id``, or one Trajectory per seat of a game (grouped per seat:
-``experience.estimator_group``). An episode that fails (the runner records a failure, raises,
+``experience.estimator_group``). A vision model's runner gets its processor (and each row's images); a text
+model's its tokenizer. An episode that fails (the runner records a failure, raises,
 or exceeds the timeout) or cannot be trained on is dropped whole and counted by reason; the batch goes on.
 """
 
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from molt_envs import SamplingParams, Trajectory, load_agent_runner
+from molt_envs.vision import text_tokenizer
 from molt_train.data import PromptSampler, load_rows
 from molt_train.engines.hf import HFEngine
 from molt_train.experience import as_trajectories, drop_reason, estimator_group
@@ -58,12 +60,12 @@ class RolloutWorker:
         self.model_path = model_path
         if engine == "hf":
             self.engine: Any = HFEngine.from_pretrained(model_path, max_batch_size=max_batch_size)
-            self.tokenizer = self.engine.tokenizer
+            self.tokenizer = self.engine.processor  # what runners take: the tokenizer or a VLM's processor
         elif engine == "vllm":
-            from transformers import AutoTokenizer
+            from molt_train.models.multimodal import load_processor
 
             self.engine = None  # start_vllm, on this actor's event loop
-            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+            self.tokenizer = load_processor(model_path)
         else:
             raise ValueError(f"unknown rollout engine {engine!r}; choose hf or vllm")
         self.whole_batches = engine == "vllm" and not partial_rollout
@@ -85,7 +87,7 @@ class RolloutWorker:
         blocks that loop the 40-80 s vLLM takes to start, before any rollout exists."""
         from molt_train.engines.vllm import VLLMEngine
 
-        self.engine = VLLMEngine(self.model_path, options, seed=seed, tokenizer=self.tokenizer)
+        self.engine = VLLMEngine(self.model_path, options, seed=seed, tokenizer=text_tokenizer(self.tokenizer))
 
     def set_prompts(self, rows: list[dict[str, Any]], batch_size: int, seed: int) -> None:
         self.rows, self.sampler = rows, PromptSampler(len(rows), batch_size, seed)
@@ -127,9 +129,12 @@ class RolloutWorker:
     async def _episode(
         self, row: dict[str, Any], params: SamplingParams, group_id: str
     ) -> tuple[list[Trajectory], str | None]:
+        images = {"images": row["images"]} if row.get("images") else {}  # a text runner's signature may lack it
         try:
             result = await asyncio.wait_for(
-                self.runner.execute(row["prompt"], row["label"], params, self.max_len, self.tokenizer, self.engine),
+                self.runner.execute(
+                    row["prompt"], row["label"], params, self.max_len, self.tokenizer, self.engine, **images
+                ),
                 self.timeout_s,
             )
             segments = as_trajectories(result)

@@ -71,7 +71,7 @@ async def _serve(args: argparse.Namespace, params: SamplingParams) -> int:
         return 2
     server = SessionServer(
         engine,
-        engine.tokenizer,
+        engine.processor,  # the tokenizer, or a vision model's processor (image parts are then served)
         host=args.host,
         port=args.port,
         model_name=args.model_name,

@@ -31,3 +31,21 @@ def tiny_engine(tiny_model, tiny_tokenizer):
     from molt_train.engines.hf import HFEngine
 
     return HFEngine(tiny_model, tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_dir(tmp_path_factory):
+    """A ``tiny-vl`` checkpoint (LLaVA classes, its processor) whose tokenizer was trained on shapes questions."""
+    from molt_envs.envs.shapes import COLOURS, KINDS, generate_split
+    from molt_train.models.tiny_vl import build_tiny_vl
+
+    texts = [f"{r['question']} {r['answer']}" for r in generate_split("train", 200)] + list(COLOURS) + list(KINDS)
+    return build_tiny_vl(texts, tmp_path_factory.mktemp("tiny-vl"), vocab_size=384, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_engine(tiny_vl_dir):
+    """An HF engine on the tiny VLM; ``.processor`` is what runners take, ``.tokenizer`` its text tokenizer."""
+    from molt_train.engines.hf import HFEngine
+
+    return HFEngine.from_pretrained(str(tiny_vl_dir))

@@ -86,7 +86,8 @@ def test_prompt_sampler_is_deterministic_and_covers_an_epoch():
 
 
 def test_sft_mask_covers_the_assistant_reply_through_its_end_token(tiny_tokenizer):
-    ids, mask = encode_sft(tiny_tokenizer, [{"role": "user", "content": "12+30="}], "42", max_len=128)
+    ids, mask, mm = encode_sft(tiny_tokenizer, [{"role": "user", "content": "12+30="}], "42", max_len=128)
+    assert mm is None
     reply = [i for i, m in zip(ids, mask, strict=True) if m]
     assert tiny_tokenizer.decode(reply) == "42<|im_end|>"
     prompt = tiny_tokenizer.apply_chat_template(
