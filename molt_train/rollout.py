@@ -81,6 +81,7 @@ class RolloutWorker:
         self.max_len, self.timeout_s, self.env_id = max_len, timeout_s, env_id
         self.rows: list[dict[str, Any]] = []
         self.sampler: PromptSampler | None = None
+        self.shard, self.shards = 0, 1
 
     async def start_vllm(self, options: Any, seed: int) -> None:
         """Start the vLLM engine (the ``--vllm.*`` group, ``VLLMConfig``) on the loop that will generate from it;
@@ -89,8 +90,19 @@ class RolloutWorker:
 
         self.engine = VLLMEngine(self.model_path, options, seed=seed, tokenizer=text_tokenizer(self.tokenizer))
 
-    def set_prompts(self, rows: list[dict[str, Any]], batch_size: int, seed: int) -> None:
+    def set_prompts(
+        self, rows: list[dict[str, Any]], batch_size: int, seed: int, shard: int = 0, shards: int = 1
+    ) -> None:
+        """The run's prompts; this worker generates every ``shards``-th prompt of a batch, from ``shard`` on (one of
+        ``--rollout.num_workers``). Rows arrive through Ray, so no node reads the driver's dataset files."""
         self.rows, self.sampler = rows, PromptSampler(len(rows), batch_size, seed)
+        self.shard, self.shards = shard, shards
+
+    def node(self) -> str:
+        """The Ray node ID this worker runs on."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     async def connect(self, *queues: Any) -> None:
         """Reach each ``ray.util.queue.Queue`` once: the first call from this actor to a queue actor waits for that
@@ -103,7 +115,7 @@ class RolloutWorker:
         start = time.time()
         base = SamplingParams(**params)
         jobs = []
-        for i in self.sampler.batch(step):
+        for i in self.sampler.batch(step)[self.shard :: self.shards]:
             for j in range(n_samples):
                 jobs.append(
                     self._episode(self.rows[i], base.updated(seed=episode_seed(seed, step, i, j)), f"{step}:{i}")
