@@ -138,14 +138,15 @@ def trainer_options(group: Any, placement: Placement, rank: int) -> dict[str, An
     return on_this_node() if placement.trainer_gpus == 0 else {}
 
 
-def rollout_options(group: Any, placement: Placement, index: int) -> dict[str, Any]:
-    """Ray ``.options(...)`` of rollout actor ``index``: the engine's bundle, or (CPU engines) a node of its own."""
+def rollout_options(group: Any, placement: Placement, index: int, avoid: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Ray ``.options(...)`` of rollout actor ``index``: the engine's bundle, or (CPU engines) a node of its own,
+    never one of the ``avoid`` node IDs (a node just lost, which Ray may not have noticed yet)."""
     if group is not None:
         return in_bundle(group, placement.engine_bundle)
-    return spread(index) if placement.engine_gpus == 0 else {}
+    return spread(index, avoid) if placement.engine_gpus == 0 else {}
 
 
-def spread(index: int) -> dict[str, Any]:
+def spread(index: int, avoid: tuple[str, ...] = ()) -> dict[str, Any]:
     """Ray ``.options(...)`` putting the ``index``-th of several actors on the ``index``-th alive node (the driver's
     first, round-robin). Ray's own ``SPREAD``, and even a soft affinity, left rollout actors created one after the
     other on one node; a node that dies is no longer alive, so an actor re-created later goes to a surviving one."""
@@ -153,7 +154,12 @@ def spread(index: int) -> dict[str, Any]:
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
-    alive = sorted(sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]), key=lambda node: node != here)
+    alive = sorted(
+        sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid),
+        key=lambda node: node != here,
+    )
+    if not alive:
+        raise RuntimeError(f"no alive Ray node is left to place an actor on (lost: {', '.join(avoid)})")
     return {"scheduling_strategy": NodeAffinitySchedulingStrategy(alive[index % len(alive)], soft=False)}
 
 

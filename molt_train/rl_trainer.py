@@ -69,6 +69,7 @@ class RLTrainer:
         self.group = reserve(self.placement)
         self.model_path, self.rows = model_path, load_rows(cfg)
         self.sampler = PromptSampler(len(self.rows), cfg.rollout.batch_size, cfg.train.seed)
+        self.rollout_nodes: dict[int, str | None] = {}  # the node each rollout worker was placed on, when chosen
         self.rollouts = [self._start_rollout(k) for k in range(cfg.rollout.num_workers)]
         self.rollout = self.rollouts[0]  # the one engine of vllm runs, and the evaluator
         self.steps_per_batch = self._optimizer_steps_per_batch()
@@ -111,15 +112,17 @@ class RLTrainer:
         self._open_queues()
         import torch.utils.tensorboard  # noqa: F401  (run()'s MetricsLogger: ~0.2 s to import, start-up time)
 
-    def _start_rollout(self, shard: int) -> Any:
-        """Rollout actor ``shard`` of ``--rollout.num_workers``, its engine started (vLLM first, so it sizes its KV
-        cache before the trainer allocates) and its prompts set."""
+    def _start_rollout(self, shard: int, avoid: tuple[str, ...] = ()) -> Any:
+        """Rollout actor ``shard`` of ``--rollout.num_workers`` (on none of the ``avoid`` nodes), its engine started
+        (vLLM first, so it sizes its KV cache before the trainer allocates) and its prompts set."""
         import ray
 
         cfg, placement = self.cfg, self.placement
         agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
         actor = ray.remote(num_cpus=0, num_gpus=placement.engine_gpus)(RolloutWorker)
-        rollout = actor.options(max_concurrency=1000, **rollout_options(self.group, placement, shard)).remote(
+        options = rollout_options(self.group, placement, shard, avoid)
+        self.rollout_nodes[shard] = getattr(options.get("scheduling_strategy"), "node_id", None)
+        rollout = actor.options(max_concurrency=1000, **options).remote(
             self.model_path,
             env_id=cfg.env,
             agent_path=agent_path,
@@ -294,7 +297,8 @@ class RLTrainer:
         lost = len(self.sampler.batch(batch)[k :: len(self.rollouts)]) * self.cfg.rollout.n_samples_per_prompt
         for actor in (self.rollouts[k], *(q.actor for q in self.channels[k])):
             ray.kill(actor)
-        worker = self.rollouts[k] = self._start_rollout(k)
+        lost_node = self.rollout_nodes[k]
+        worker = self.rollouts[k] = self._start_rollout(k, avoid=(lost_node,) if lost_node else ())
         if k == 0:
             self.rollout = worker
         # the dead worker held a slot for this batch, which the controller returns as it does for every batch

@@ -98,12 +98,6 @@ class RolloutWorker:
         self.rows, self.sampler = rows, PromptSampler(len(rows), batch_size, seed)
         self.shard, self.shards = shard, shards
 
-    def node(self) -> str:
-        """The Ray node ID this worker runs on."""
-        import ray
-
-        return ray.get_runtime_context().get_node_id()
-
     async def connect(self, *queues: Any) -> None:
         """Reach each ``ray.util.queue.Queue`` once: the first call from this actor to a queue actor waits for that
         actor to start and opens the connection (~0.3 s), which belongs to start-up, not to the first batch."""

@@ -19,14 +19,15 @@ _started_ray = False  # whether a RayBackend called ray.init (then the last one 
 _live: set[int] = set()
 
 
-def _on_node(index: int) -> dict:
-    """Ray options for the ``index``-th actor: the ``index``-th alive node, the caller's first (soft)."""
+def _pick_node(index: int, avoid: str | None = None) -> str:
+    """The ``index``-th alive node (round-robin, the caller's first), never ``avoid`` (a node just lost)."""
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     here = ray.get_runtime_context().get_node_id()
-    alive = sorted(sorted(n["NodeID"] for n in ray.nodes() if n["Alive"]), key=lambda node: node != here)
-    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(alive[index % len(alive)], soft=True)}
+    alive = sorted(
+        sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != avoid), key=lambda n: n != here
+    )
+    return alive[index % len(alive)] if alive else here
 
 
 class _SandboxActor:
@@ -105,8 +106,15 @@ class RayBackend:
         count = actors or max(1, len([n for n in ray.nodes() if n.get("Alive")]))
         options = {"num_cpus": 0, "max_concurrency": workers_per_actor + 34}
         args = (unsafe, limits or Limits(), {**pool_options, "workers": workers_per_actor})
-        self._spawn = lambda i: ray.remote(_SandboxActor).options(**options, **_on_node(i)).remote(*args)
-        self.actors = [self._spawn(i) for i in range(count)]
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        def spawn(index: int, avoid: str | None = None) -> object:
+            self.placed[index] = node = _pick_node(index, avoid)
+            strategy = NodeAffinitySchedulingStrategy(node, soft=True)
+            return ray.remote(_SandboxActor).options(**options, scheduling_strategy=strategy).remote(*args)
+
+        self._spawn, self.placed = spawn, [""] * count
+        self.actors = [spawn(i) for i in range(count)]
         try:
             self.nodes = ray.get([actor.ready.remote() for actor in self.actors], timeout=120)
         except Exception as exc:  # surface the actor's own reason (e.g. SandboxUnavailable)
@@ -140,7 +148,7 @@ class RayBackend:
         if isinstance(exc, self._ray.exceptions.ActorDiedError):
             with self._lock:
                 if self.actors[index] is actor:
-                    self.actors[index] = self._spawn(index)
+                    self.actors[index] = self._spawn(index, avoid=self.placed[index])
 
     async def open_session(self) -> RaySession:
         index = self._pick()
