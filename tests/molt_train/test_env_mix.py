@@ -134,7 +134,10 @@ ARITH_ID, GSM_ID, GAME_ID = "molt/arith-v1", "molt/gsm8k-v1", "molt/tictactoe-v1
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+    from molt_train.config import RayConfig
+    from molt_train.runtime import init_ray
+
+    init_ray(RayConfig(num_cpus=2))
     yield
     ray.shutdown()
 
