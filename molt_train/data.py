@@ -38,9 +38,7 @@ def check_env_mix(cfg: RLConfig | SFTConfig) -> None:
     object.__setattr__(cfg, "env", (cfg.env,) if isinstance(cfg.env, str) else tuple(cfg.env or ()))
     try:
         parse_env_mix(cfg.env, resolve=env_registry.spec) if cfg.env else None
-    except env_registry.UnregisteredEnv as exc:
-        raise ConfigError(f"{exc}; `molt-env list` shows the registered IDs") from None
-    except env_registry.Error as exc:  # a bad weight, a malformed ID, an ID given twice
+    except env_registry.Error as exc:  # an unknown or malformed ID, a bad weight, an ID given twice
         raise ConfigError(str(exc)) from None
     for flag, value in (
         ("--data.prompt_dataset", cfg.data.prompt_dataset),
