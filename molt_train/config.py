@@ -21,6 +21,7 @@ from typing import Any
 from molt_train import flags
 from molt_train.actor_backend import AUTOMODEL_INSTALL_HINT, BACKENDS
 from molt_train.algorithms import ESTIMATORS, IS_LEVELS, IS_MODES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from molt_train.data import check_env_mix
 from molt_train.engines.vllm import VLLM_INSTALL_HINT
 from molt_train.engines.weight_buckets import BUCKET_BYTES
 from molt_train.flags import ConfigError, group, option
@@ -309,7 +310,10 @@ class LoggerConfig:
     progress: bool = option(True, "rich progress bar on the console")
 
 
-ENV_HELP = "registered env ID (ns/name-vN); its train split gives prompts and labels"
+ENV_HELP = (
+    "registered env ID (ns/name-vN); its train split gives prompts and labels. Repeat as ID:WEIGHT for a mix "
+    "(weights normalised; each batch drawn by weight)"
+)
 
 
 # -- the commands --
@@ -319,7 +323,7 @@ ENV_HELP = "registered env ID (ns/name-vN); its train split gives prompts and la
 class RLConfig:
     """``molt-train rl``: online RL on a registered env."""
 
-    env: str | None = option(None, ENV_HELP)
+    env: tuple[str, ...] = option((), ENV_HELP, repeat=True)
     ray: RayConfig = group(RayConfig)
     actor: ActorConfig = group(ActorConfig)
     ref: RefConfig = group(RefConfig)
@@ -334,6 +338,7 @@ class RLConfig:
     logger: LoggerConfig = group(LoggerConfig)
 
     def __post_init__(self) -> None:
+        check_env_mix(self)
         flags.check_declared(self, "rl")
         _set(self, "actor", replace(self.actor, num_workers=_trainer_ranks(self.actor)))
         _set(self, "vllm", replace(self.vllm, max_model_len=self.vllm.max_model_len or self.data.max_len))
@@ -351,7 +356,7 @@ class RLConfig:
     def _validate(self) -> None:
         _require_data(self)
         _require_output_dir(self)
-        if self.env is None and self.train.agent_path is None:
+        if not self.env and self.train.agent_path is None:
             raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
         if self.actor.model_name_or_path is None:
             raise ConfigError("--actor.model_name_or_path is required (e.g. runs/sft/hf from `molt-train sft`)")
@@ -481,7 +486,7 @@ class RLConfig:
 class SFTConfig:
     """``molt-train sft``: supervised fine-tuning on an env's reference completions."""
 
-    env: str | None = option(None, ENV_HELP)
+    env: tuple[str, ...] = option((), ENV_HELP, repeat=True)
     ray: RayConfig = group(RayConfig)
     model: ModelConfig = group(ModelConfig)
     actor: ActorConfig = group(ActorConfig)
@@ -493,6 +498,7 @@ class SFTConfig:
     logger: LoggerConfig = group(LoggerConfig)
 
     def __post_init__(self) -> None:
+        check_env_mix(self)
         flags.check_declared(self, "sft")
         _require_data(self)
         _require_output_dir(self)
@@ -553,7 +559,7 @@ def _trainer_ranks(actor: ActorConfig) -> int:
 
 
 def _require_data(cfg: RLConfig | SFTConfig) -> None:
-    if cfg.env is None and cfg.data.prompt_dataset is None:
+    if not cfg.env and cfg.data.prompt_dataset is None:
         raise ConfigError("no data: pass --env ns/name-vN (its train split) or --data.prompt_dataset FILE.jsonl")
 
 

@@ -1,9 +1,11 @@
-"""Per-step metrics: one JSON line per step in ``metrics.jsonl``, TensorBoard scalars, and a rich progress bar."""
+"""Per-step metrics: one JSON line per step in ``metrics.jsonl``, TensorBoard scalars, and a rich progress bar
+(a mixed run's shows each env's reward)."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +40,17 @@ class MetricsLogger:
             self._task = self._progress.add_task(description, total=total_steps, completed=start_step, status="")
             self._progress.start()
 
-    def log(self, step: int, metrics: dict[str, Any], status_keys: tuple[str, ...] = ()) -> None:
+    def log(self, step: int, metrics: dict[str, Any], status_keys: Mapping[str, str] | Sequence[str] = ()) -> None:
+        """Write one step's record; the progress bar shows ``status_keys`` (label -> key, or keys labelled by their
+        last part)."""
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
         self._file.write(json.dumps({"step": step, **clean}) + "\n")
         self._file.flush()
         for key, value in clean.items():
             self._tb.add_scalar(key, value, step)
         if self._progress is not None:
-            status = "  ".join(f"{k.split('/')[-1]}={clean[k]:.3g}" for k in status_keys if k in clean)
+            labels = status_keys if isinstance(status_keys, Mapping) else {k.split("/")[-1]: k for k in status_keys}
+            status = "  ".join(f"{label}={clean[k]:.3g}" for label, k in labels.items() if k in clean)
             self._progress.update(self._task, completed=step, status=status)
 
     def close(self) -> None:

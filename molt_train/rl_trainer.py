@@ -31,7 +31,7 @@ import torch
 from molt_train import checkpoint
 from molt_train.algorithms import AdvantageInputs, approx_kl, dynamic_filtering, get_estimator, shape_rewards
 from molt_train.config import RLConfig
-from molt_train.data import load_rows
+from molt_train.data import env_mix, load_rows
 from molt_train.experience import Experience, make_experience
 from molt_train.metrics import MetricsLogger
 from molt_train.placement import in_bundle, plan_placement, reserve
@@ -39,7 +39,12 @@ from molt_train.rollout import RolloutWorker, eval_sampling
 from molt_train.runtime import init_ray
 from molt_train.worker_group import WorkerGroup
 
-STATUS_KEYS = ("rollout/reward_mean", "eval/accuracy", "rollout/dropped_total", "timing/step")
+STATUS_KEYS = {
+    "reward_mean": "rollout/reward_mean",
+    "accuracy": "eval/accuracy",
+    "dropped_total": "rollout/dropped_total",
+    "step": "timing/step",
+}
 
 
 class RLTrainer:
@@ -56,8 +61,10 @@ class RLTrainer:
         self.start_step, model_path = 0, str(Path(cfg.actor.model_name_or_path).resolve())
         self.tokenizer_path = model_path
         self.resumed_from = checkpoint.latest(self.output_dir) if cfg.ckpt.load_enable else None
+        self.data_state: dict[str, Any] | None = None  # each env's data position after the last batch trained on
         if self.resumed_from is not None:
-            self.start_step = checkpoint.read_state(self.resumed_from)["step"]
+            state = checkpoint.read_state(self.resumed_from)
+            self.start_step, self.data_state = state["step"], state.get("data")
             model_path = str(self.resumed_from / "hf")
         self.eval_rows = load_rows(cfg, cfg.eval.split, cfg.eval.max_samples) if cfg.env else []
         self.placement = plan_placement(cfg, ray.cluster_resources().get("GPU", 0), os.cpu_count() or 1)
@@ -113,7 +120,7 @@ class RLTrainer:
         actor = ray.remote(num_cpus=0, num_gpus=placement.engine_gpus)(RolloutWorker)
         rollout = actor.options(max_concurrency=1000, **in_bundle(self.group, placement.engine_bundle)).remote(
             model_path,
-            env_id=cfg.env,
+            env_id=[e.env_id for e in env_mix(cfg)],
             agent_path=agent_path,
             max_len=cfg.data.max_len,
             timeout_s=cfg.rollout.timeout_s,
@@ -124,7 +131,12 @@ class RLTrainer:
         )
         if cfg.rollout.engine == "vllm":
             ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed))
-        ray.get(rollout.set_prompts.remote(rows, cfg.rollout.batch_size, cfg.train.seed))
+        weights = {e.env_id: e.weight for e in env_mix(cfg)} if not cfg.data.prompt_dataset else None
+        ray.get(
+            rollout.set_prompts.remote(
+                rows, cfg.rollout.batch_size, cfg.train.seed, weights, self.data_state, self.start_step
+            )
+        )
         return rollout
 
     def _trainer_slots(self) -> dict[str, Any]:
@@ -154,6 +166,9 @@ class RLTrainer:
         cfg = self.cfg
         total = cfg.train.num_steps
         logger = MetricsLogger(self.output_dir, total, self.start_step, cfg.logger.progress, "rl")
+        status = dict(STATUS_KEYS) | {
+            e.env_id.rsplit("/", 1)[-1]: f"rollout/{e.env_id}/reward_mean" for e in env_mix(cfg)
+        }
         r = cfg.rollout
         sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_tokens": r.max_new_tokens}
         self.producer = producer = self.rollout.produce.remote(
@@ -169,10 +184,10 @@ class RLTrainer:
                     last.update(self.evaluate())
                 if cfg.ckpt.save_steps and step % cfg.ckpt.save_steps == 0 and step < total:
                     t = time.perf_counter()
-                    state = {"data_position": step * cfg.rollout.batch_size}
+                    state = {"data": self.data_state}
                     checkpoint.save(self.policy, self.output_dir, step, self.tokenizer_path, state, cfg.ckpt.max_num)
                     last["timing/checkpoint_s"] = time.perf_counter() - t
-                logger.log(step, last, STATUS_KEYS)
+                logger.log(step, last, status if len(cfg.env) > 1 else STATUS_KEYS)
             ray.get(producer)
             checkpoint.export_hf(self.policy, self.output_dir, self.tokenizer_path)
         finally:
@@ -190,6 +205,7 @@ class RLTrainer:
             raise RuntimeError(f"rollout queue out of order: expected batch {step - 1}, got {batch['step']}")
         if not cfg.train.force_sync_mode:
             self.slots.put(1)  # the next rollout starts now, overlapping this step's training
+        self.data_state = batch["data_state"]
         metrics.update(rollout_metrics(batch))
         sleeping = cfg.rollout.engine == "vllm" and cfg.vllm.enable_sleep
         if sleeping:  # force_sync_mode: nothing is generating until the sync
@@ -375,8 +391,26 @@ def estimate_advantages(exp: Experience, cfg: RLConfig) -> dict[str, float]:
 
 
 def rollout_metrics(batch: dict[str, Any]) -> dict[str, float]:
-    """Per-rollout averages (a rollout's segments count once), drop counts by reason, timing."""
-    trajs = batch["trajectories"]
+    """Per-rollout averages (a rollout's segments count once), drop counts by reason, timing; the same rollout
+    figures per env (``rollout/<env>/reward_mean``, ``rollout/<env>/dropped/<reason>``, ...) for rows of an env."""
+    metrics = {f"rollout/{k}": v for k, v in _rollout_figures(batch["trajectories"], batch["dropped"]).items()}
+    metrics["rollout/num_rollouts"] = float(batch["num_rollouts"])
+    envs = batch.get("trajectory_envs", [])
+    for env, counts in batch.get("per_env", {}).items():
+        mine = [t for t, e in zip(batch["trajectories"], envs, strict=True) if e == env]
+        figures = _rollout_figures(mine, counts["dropped"]) | {"num_rollouts": float(counts["num_rollouts"])}
+        metrics.update({f"rollout/{env}/{k}": v for k, v in figures.items()})
+    metrics.update(
+        {
+            "timing/rollout_s": batch["end"] - batch["start"],
+            "timing/rollout_start": batch["start"],
+            "timing/rollout_end": batch["end"],
+        }
+    )
+    return metrics
+
+
+def _rollout_figures(trajs: list[Any], dropped: dict[str, int]) -> dict[str, float]:
     first: dict[str, Any] = {}
     lengths: dict[str, int] = {}
     truncated: set[str] = set()
@@ -387,21 +421,16 @@ def rollout_metrics(batch: dict[str, Any]) -> dict[str, float]:
             truncated.add(t.rollout_id)
     rollouts = list(first.values())
     n = max(len(rollouts), 1)
-    dropped = batch["dropped"]
     metrics = {
-        "rollout/reward_mean": sum(t.reward for t in rollouts) / n,
-        "rollout/score_mean": sum((t.score if t.score is not None else t.reward) for t in rollouts) / n,
-        "rollout/response_length": sum(lengths.values()) / n,
-        "rollout/truncated_rate": len(truncated) / n,
-        "rollout/num_rollouts": float(batch["num_rollouts"]),
-        "rollout/kept_rollouts": float(len(rollouts)),
-        "rollout/segments": float(len(trajs)),
-        "rollout/dropped_total": float(sum(dropped.values())),
-        "timing/rollout_s": batch["end"] - batch["start"],
-        "timing/rollout_start": batch["start"],
-        "timing/rollout_end": batch["end"],
+        "reward_mean": sum(t.reward for t in rollouts) / n,
+        "score_mean": sum((t.score if t.score is not None else t.reward) for t in rollouts) / n,
+        "response_length": sum(lengths.values()) / n,
+        "truncated_rate": len(truncated) / n,
+        "kept_rollouts": float(len(rollouts)),
+        "segments": float(len(trajs)),
+        "dropped_total": float(sum(dropped.values())),
     }
-    metrics.update({f"rollout/dropped/{reason}": float(count) for reason, count in dropped.items()})
+    metrics.update({f"dropped/{reason}": float(count) for reason, count in dropped.items()})
     return metrics
 
 
