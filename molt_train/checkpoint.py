@@ -70,6 +70,19 @@ def export_hf(group: WorkerGroup, output_dir: str | Path, tokenizer_path: str) -
     return final
 
 
+def keep_hf(checkpoint: Path, output_dir: str | Path, step: int) -> Path:
+    """``--ckpt.save_hf``: copy ``checkpoint``'s model to ``<output_dir>/hf_steps/step_N`` (atomically), where the
+    rotation of ``--ckpt.max_num`` never reaches it."""
+    root = Path(output_dir) / "hf_steps"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp, final = root / f".tmp-step_{step}", root / f"step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(checkpoint / "hf", tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
+    return final
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(text)
