@@ -1,6 +1,7 @@
-"""``molt-train rl`` runs that skip a part, end to end on a real local Ray and a tiny from-scratch policy:
-``--eval.eval_only`` (no trainer ranks), ``--train.rollout_dump_dir`` then ``--train.rollout_replay_dir`` (no
-generation, bit-identical losses), ``--ckpt.save_hf``, ``--no-train.colocate_fsdp_models``; and the flags' refusals."""
+"""``molt-train rl`` runs that skip a part or add one, end to end on a real local Ray and a tiny from-scratch
+policy: ``--eval.eval_only`` (no trainer ranks), ``--train.rollout_dump_dir`` then ``--train.rollout_replay_dir`` (no
+generation, bit-identical losses), ``--ckpt.save_hf``, ``--no-train.colocate_fsdp_models``, ``--logger.wandb_project``
+(a real offline W&B run); and the flags' refusals."""
 
 from __future__ import annotations
 
@@ -146,24 +147,29 @@ def test_eval_only_needs_rows_but_no_training_data(capsys):
 KL_MODEL = ["--algo.kl.init_coef", "0.01", "--algo.kl.ref", "model", "--algo.kl.use_loss", "--algo.kl.estimator", "k3"]
 
 
-def test_a_replayed_dump_trains_to_bit_identical_losses(ray_local, tiny_policy, tmp_path):
-    from transformers import AutoModelForCausalLM
+@pytest.fixture(scope="module")
+def dumped_run(ray_local, tiny_policy, tmp_path_factory):
+    """Three steps that dump their batches, keep HF copies of their checkpoints, put the reference ranks on ranks of
+    their own and log to an offline W&B run; then the same three steps replayed from the dump."""
+    tmp = tmp_path_factory.mktemp("dumped")
+    dump, first, second = tmp / "dump", tmp / "first", tmp / "second"
+    common = ["--train.num_steps", "3", "--eval.max_samples", "0", *KL_MODEL, "--no-train.colocate_fsdp_models"]
+    argv = rl_argv(tiny_policy, first, *common, "--train.rollout_dump_dir", str(dump))
+    argv += ["--ckpt.save_steps", "1", "--ckpt.max_num", "1", "--ckpt.save_hf"]
+    argv += ["--logger.wandb_project", "molt-test", "--logger.wandb_run_name", "arith-dump"]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("WANDB_MODE", "offline")
+        env.setenv("WANDB_SILENT", "true")
+        assert rl_cli.main(argv) == 0
+    assert rl_cli.main(rl_argv(tiny_policy, second, *common, "--train.rollout_replay_dir", str(dump))) == 0
+    return dump, first, second
 
+
+def test_a_replayed_dump_trains_to_bit_identical_losses(dumped_run):
     from molt_train import rollout_dump
 
-    dump = tmp_path / "dump"
-    common = ["--train.num_steps", "3", "--eval.max_samples", "0", *KL_MODEL, "--no-train.colocate_fsdp_models"]
-    first = tmp_path / "first"
-    argv = rl_argv(tiny_policy, first, *common, "--train.rollout_dump_dir", str(dump))
-    assert rl_cli.main(argv + ["--ckpt.save_steps", "1", "--ckpt.max_num", "1", "--ckpt.save_hf"]) == 0
+    dump, first, second = dumped_run
     assert sorted(p.name for p in dump.iterdir()) == [f"batch_00000{i}.pkl" for i in range(3)]
-    # --ckpt.save_hf: every saved step's model stays, whatever --ckpt.max_num rotated away
-    assert [p.name for p in (first / "checkpoints").glob("step_*")] == ["step_2"]
-    assert sorted(p.name for p in (first / "hf_steps").iterdir()) == ["step_1", "step_2"]
-    AutoModelForCausalLM.from_pretrained(first / "hf_steps" / "step_1")
-
-    second = tmp_path / "second"
-    assert rl_cli.main(rl_argv(tiny_policy, second, *common, "--train.rollout_replay_dir", str(dump))) == 0
     a, b = records(first), records(second)
     assert [r["step"] for r in b] == [1, 2, 3]
     for x, y in zip(a, b, strict=True):
@@ -174,6 +180,32 @@ def test_a_replayed_dump_trains_to_bit_identical_losses(ray_local, tiny_policy, 
     assert a[0]["kl"] == 0.0 and a[-1]["kl_loss"] != 0.0  # the reference group ran (on ranks of its own)
     with pytest.raises(FileNotFoundError, match="has no batch 3 .* it holds 3 batches"):
         rollout_dump.read(dump, 3)
+
+
+def test_save_hf_keeps_every_saved_steps_model(dumped_run):
+    from transformers import AutoModelForCausalLM
+
+    _, first, _ = dumped_run
+    assert [p.name for p in (first / "checkpoints").glob("step_*")] == ["step_2"]  # --ckpt.max_num 1 rotated
+    assert sorted(p.name for p in (first / "hf_steps").iterdir()) == ["step_1", "step_2"]
+    AutoModelForCausalLM.from_pretrained(first / "hf_steps" / "step_1")
+
+
+def test_the_run_logged_to_an_offline_wandb_run_that_wandb_sync_reads(dumped_run):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    _, first, _ = dumped_run
+    assert list((first / "tensorboard").iterdir())  # next to TensorBoard and metrics.jsonl
+    (run_dir,) = (first / "wandb").glob("offline-run-*")
+    run_id = (first / "wandb" / "run_id").read_text()
+    (log,) = run_dir.glob(f"run-{run_id}.wandb")
+    records_bytes = log.read_bytes()  # protobuf records: their string fields are stored as they are
+    assert all(k in records_bytes for k in (b"train/loss", b"kl_loss", b"molt-test", b"arith-dump"))
+    wandb = Path(sys.executable).with_name("wandb")
+    dry = subprocess.run([str(wandb), "sync", "--dry-run", str(run_dir)], capture_output=True, text=True, timeout=120)
+    assert dry.returncode == 0 and "Would sync 1 run(s)" in dry.stdout + dry.stderr, dry.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
