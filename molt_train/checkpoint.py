@@ -3,6 +3,7 @@
 
 Everything is written into a temporary directory and renamed into place, and ``latest`` is replaced atomically
 last, so a run killed at any instant leaves either the previous checkpoint or the new one, never half of one.
+``--ckpt.save_hf`` copies each saved checkpoint's ``hf/`` to ``<output_dir>/hf_steps/step_N/``, outside the rotation.
 """
 
 from __future__ import annotations
