@@ -468,7 +468,7 @@ class RLConfig:
         if ev.top_p is not None and not 0 < ev.top_p <= 1:
             raise ConfigError(f"--eval.top_p must be in (0, 1], got {ev.top_p}")
         if ev.eval_only:
-            if self.env is None and ev.dataset is None:
+            if not self.env and ev.dataset is None:
                 raise ConfigError(
                     "--eval.eval_only needs rows: pass --env ns/name-vN (its --eval.split) or --eval.dataset FILE"
                 )
