@@ -44,7 +44,8 @@ def test_help_exits_0_and_lists_the_flags(path, parser):
     assert exit_.value.code == 0
     text = out.getvalue()
     assert text.startswith(f"usage: {parser.prog}")
-    flags = [flag for action in parser._actions for flag in action.option_strings]
+    shown = [action for action in parser._actions if action.help != argparse.SUPPRESS]  # internal flags stay hidden
+    flags = [flag for action in shown for flag in action.option_strings]
     missing = [flag for flag in flags if flag not in text]
     assert not missing, f"molt-env {' '.join(path)} --help does not mention {missing}"
 
