@@ -1,6 +1,6 @@
 """The demo's recipe on ten seeds: ``molt-train demo`` for seeds 42..51, one after another, and a table of the
 figures (per seed, then min / median / max of RL's gain over the SFT baseline, failures included) written into
-``docs/demo.md`` between its ``demo-seeds`` markers.
+``docs/demo.md`` and ``benchmarks/README.md`` between their ``demo-seeds`` markers.
 
 Run: ``.venv/bin/python benchmarks/demo_seeds.py`` (about 5 minutes a seed on 2 quiet cores). A seed whose
 ``result.json`` exists under ``--output_dir`` is read, not rerun (``--rerun`` to run it again), so an interrupted
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from molt_train.demo import Recipe, run
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "demo.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = (ROOT / "docs" / "demo.md", ROOT / "benchmarks" / "README.md")
 BEGIN, END = "<!-- demo-seeds:begin -->", "<!-- demo-seeds:end -->"
 BAR_BASELINE, BAR_START = 15.0, 20.0  # points RL must gain over the SFT baseline and over its start
 
@@ -25,8 +26,8 @@ BAR_BASELINE, BAR_START = 15.0, 20.0  # points RL must gain over the SFT baselin
 def table(results: list[dict]) -> str:
     """Markdown: one row per seed, then the spread of the gain over the baseline."""
     lines = [
-        "| seed | SFT start | SFT baseline (best step) | RL | RL - baseline | RL - start | bars met |",
-        "|---|---|---|---|---|---|---|",
+        "| seed | SFT start | SFT baseline (best step) | RL | RL - baseline | RL - start | bars met | wall |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     gains = []
     for r in results:
@@ -35,7 +36,7 @@ def table(results: list[dict]) -> str:
         met = rl - base >= BAR_BASELINE and rl - start >= BAR_START
         lines.append(
             f"| {r['seed']} | {start:.1f}% | {base:.1f}% ({r['baseline']['best_step']}) | {rl:.1f}% | "
-            f"{rl - base:+.1f} | {rl - start:+.1f} | {'yes' if met else '**no**'} |"
+            f"{rl - base:+.1f} | {rl - start:+.1f} | {'yes' if met else '**no**'} | {r['wall_s']:.0f} s |"
         )
     met = sum(1 for r, g in zip(results, gains, strict=True) if g >= BAR_BASELINE and _gain_over_start(r) >= BAR_START)
     lines.append("")
@@ -51,7 +52,7 @@ def _gain_over_start(r: dict) -> float:
     return 100 * (r["rl"]["accuracy"] - r["sft_start"]["accuracy"])
 
 
-def write_into_doc(text: str, doc: Path = DOC) -> None:
+def write_into_doc(text: str, doc: Path) -> None:
     """Replace what is between the markers of ``doc`` with ``text``."""
     content = doc.read_text(encoding="utf-8")
     if BEGIN not in content or END not in content:
@@ -84,8 +85,9 @@ def main() -> None:
     text = table(results)
     print(text)
     if args.doc:
-        write_into_doc(text)
-        print(f"written into {DOC}")
+        for doc in DOCS:
+            write_into_doc(text, doc)
+            print(f"written into {doc}")
 
 
 if __name__ == "__main__":

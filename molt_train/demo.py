@@ -25,6 +25,7 @@ import json
 import math
 import os
 import shutil
+import signal
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -47,8 +48,8 @@ class Recipe:
     env: str = "molt/sort-v1"
     demos: int = 64  # the first N rows of the train split, with their reference answers
     sft_start: int = 50  # SFT steps before RL takes over
-    sft_steps: int = 1000  # the baseline: the same SFT run, trained on
-    eval_every: int = 100  # SFT checkpoints evaluated every N steps
+    sft_steps: int = 400  # the baseline: the same SFT run, trained on
+    eval_every: int = 50  # SFT checkpoints evaluated every N steps
     rl_steps: int = 80
     rl_eval_every: int = 20
     threads: int = 2  # torch threads in every process that computes
@@ -63,7 +64,39 @@ class Recipe:
         "--actor.lr_scheduler", "cosine", "--train.batch_size", "192", "--train.force_sync_mode",
         "--train.micro_batch_size", "384", "--train.max_tokens_per_gpu", "16384", "--rollout.max_batch_size", "384",
     )  # fmt: skip
+    ray_cpus: int = 2  # CPUs of the local Ray instance
+    max_len: int | None = None  # --data.max_len of every command (prompt + answer), None: the trainer's default
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+# ``molt-train demo --gpu``: the same lesson through the GPU stack on one H200 (vLLM rollout colocated with an FSDP2
+# bf16 rank, CUDA-IPC weight sync, Ray), a 25M-parameter model from scratch and a reasoning-gym task whose answers
+# are longer words in <answer> tags. Not measured on a GPU yet: docs/demo.md says how to run it and where its
+# figures go.
+GPU_RECIPE = Recipe(
+    env="rg/word-sorting-v1",
+    demos=128,
+    sft_start=100,
+    sft_steps=1200,
+    eval_every=100,
+    rl_steps=120,
+    rl_eval_every=20,
+    threads=8,
+    max_new_tokens=96,
+    sft_flags=(
+        "--model.config", "tiny", "--model.hidden_size", "512", "--model.num_layers", "8", "--model.num_heads", "8",
+        "--model.vocab_size", "4096", "--train.batch_size", "64", "--actor.adam.lr", "1e-3",
+    ),
+    rl_flags=(
+        "--rollout.engine", "vllm", "--train.colocate_all", "--vllm.gpu_memory_utilization", "0.4",
+        "--algo.advantage.estimator", "grpo", "--rollout.n_samples_per_prompt", "8",
+        "--rollout.batch_size", "128", "--rollout.temperature", "1.0", "--actor.adam.lr", "3e-4",
+        "--actor.lr_warmup_ratio", "0.1", "--actor.lr_scheduler", "cosine", "--train.batch_size", "512",
+        "--train.force_sync_mode",
+    ),
+    ray_cpus=16,
+    max_len=1024,
+)  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -71,8 +104,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--output_dir", default="runs/demo")
     parser.add_argument("--seed", type=int, default=42, help="seed of the model's init, data order and sampling")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--gpu",
+        action="store_true",
+        help="the GPU recipe: vLLM rollout + FSDP2 bf16 on one GPU, a 25M-parameter model, rg/word-sorting-v1",
+    )
     args = parser.parse_args(argv)
-    result = run(Recipe(), Path(args.output_dir), args.seed, args.progress)
+    if args.gpu:
+        import torch
+
+        if not torch.cuda.is_available():
+            parser.error("--gpu needs a CUDA GPU (and vLLM: pip install -e '.[gpu]'); without one run the CPU demo")
+    recipe = GPU_RECIPE if args.gpu else Recipe()
+    result = run(recipe, Path(args.output_dir), args.seed, args.progress)
     print_summary(result)
     return 0
 
@@ -91,10 +135,12 @@ def run(recipe: Recipe, out: Path, seed: int, progress: bool = True) -> dict[str
 
     torch.set_num_threads(recipe.threads)  # evaluation runs in this process
     start = time.perf_counter()
+    start_ray(recipe.ray_cpus)
     tokens = str(recipe.max_new_tokens)
-    common = [
-        "--env", recipe.env, "--train.seed", str(seed), "--ray.num_cpus", "2", "--actor.num_threads",
-        str(recipe.threads), "--rollout.max_new_tokens", tokens, "--eval.max_new_tokens", tokens,
+    eval_flags = ["--env", recipe.env, "--rollout.max_new_tokens", tokens, "--eval.max_new_tokens", tokens]
+    eval_flags += [] if recipe.max_len is None else ["--data.max_len", str(recipe.max_len)]
+    common = eval_flags + [
+        "--train.seed", str(seed), "--ray.num_cpus", str(recipe.ray_cpus), "--actor.num_threads", str(recipe.threads),
     ] + ([] if progress else ["--no-logger.progress"])  # fmt: skip
     sft_dir, rl_dir = out / "sft", out / "rl"
     print(
@@ -113,7 +159,7 @@ def run(recipe: Recipe, out: Path, seed: int, progress: bool = True) -> dict[str
     print(f"[demo] 2/3 held-out accuracy of the SFT checkpoints (every {recipe.eval_every} steps)", flush=True)
     sft_curve = []
     for step in eval_steps(recipe):
-        accuracy = evaluate(common, checkpoint_model(sft_dir, step, recipe.sft_steps))
+        accuracy = evaluate(eval_flags, checkpoint_model(sft_dir, step, recipe.sft_steps))
         sft_curve.append((step, accuracy, sum(sft_step_s[:step])))
     start_model = checkpoint_model(sft_dir, recipe.sft_start, recipe.sft_steps)
     for checkpoint in (sft_dir / "checkpoints").glob("step_*"):  # evaluated; only the start's model is used again
@@ -143,7 +189,8 @@ def run(recipe: Recipe, out: Path, seed: int, progress: bool = True) -> dict[str
         "env": recipe.env,
         "seed": seed,
         "demos": recipe.demos,
-        "train_prompts": train_prompts(recipe.env),
+        "train_prompts": split_rows(recipe.env, "train"),
+        "test_rows": split_rows(recipe.env, "test"),
         "sft_start": {"step": recipe.sft_start, "accuracy": start_acc, "train_s": start_time},
         "baseline": {
             "steps": recipe.sft_steps,
@@ -163,6 +210,47 @@ def run(recipe: Recipe, out: Path, seed: int, progress: bool = True) -> dict[str
     return result
 
 
+def start_ray(num_cpus: int, attempts: int = 3) -> None:
+    """The local Ray instance SFT and RL share (unless one runs already).
+
+    Ray gives its raylet a fixed 30 s to register when it starts a local instance; on a machine whose cores are
+    shared with other busy processes it can miss that, so the start is tried ``attempts`` times.
+
+    Raises:
+        RuntimeError: when every attempt failed, with Ray's last error.
+    """
+    import ray
+
+    from molt_train.runtime import QUIET, quiet
+
+    quiet()
+    for attempt in range(1, attempts + 1):
+        if ray.is_initialized():
+            return
+        try:
+            ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env={"env_vars": QUIET})
+        except Exception as exc:  # Ray raises a bare Exception for the raylet's timeout
+            ray.shutdown()
+            if attempt == attempts:
+                raise RuntimeError(f"could not start a local Ray instance in {attempts} attempts: {exc}") from exc
+            print(f"[demo] Ray did not start ({exc}); trying again", flush=True)
+
+
+def kill_descendants() -> None:
+    """SIGKILL every process this one started, children first found through ``/proc`` (Linux)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+    mine, frontier = set(), {os.getpid()}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - mine
+        mine |= frontier
+    for pid in mine:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
 def eval_steps(recipe: Recipe) -> list[int]:
     """The SFT steps evaluated: every ``eval_every``, the start and the last."""
     every = range(recipe.eval_every, recipe.sft_steps + 1, recipe.eval_every)
@@ -178,20 +266,20 @@ def checkpoint_model(sft_dir: Path, step: int, last: int) -> Path:
     return sft_dir / "hf" if step == last else sft_dir / "checkpoints" / f"step_{step}" / "hf"
 
 
-def evaluate(common: list[str], model: Path) -> float:
+def evaluate(flags: list[str], model: Path) -> float:
     """Greedy exact-match accuracy of ``model`` on the held-out split, through ``molt-train eval``."""
     from molt_train import eval_cli
 
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):
-        eval_cli.main(common + ["--actor.model_name_or_path", str(model)])
+        eval_cli.main(flags + ["--actor.model_name_or_path", str(model)])
     return float(json.loads(printed.getvalue().strip().splitlines()[-1])["accuracy"])
 
 
-def train_prompts(env_id: str) -> int:
+def split_rows(env_id: str, split: str) -> int:
     import env_registry
 
-    return env_registry.count_rows(env_registry.spec(env_id), "train")
+    return env_registry.count_rows(env_registry.spec(env_id), split)
 
 
 def write_report(result: dict[str, Any], path: Path) -> Path:
@@ -229,7 +317,7 @@ def print_summary(result: dict[str, Any]) -> None:
     print(
         f"\n{result['env']}, seed {result['seed']}: SFT saw {result['demos']} demonstrations; RL saw "
         f"{result['train_prompts']:,} prompts and the grader, no answers.\n"
-        "held-out exact-match accuracy (500 test rows, none in the train split; greedy):\n"
+        f"held-out accuracy (mean score on {result['test_rows']} test rows, none in the train split; greedy):\n"
         f"  SFT start     {start['accuracy']:6.1%}   SFT step {start['step']} ({start['train_s']:.0f} s of training)\n"
         f"  SFT baseline  {base['accuracy']:6.1%}   best of {base['steps']} steps (step {base['best_step']}; final "
         f"{base['final_accuracy']:.1%}), {base['train_s']:.0f} s of training (SFT start + RL: "

@@ -67,3 +67,27 @@ def test_two_runs_of_one_seed_compute_the_same_figures(two_runs):
         for part in ("sft_start", "baseline", "rl"):
             figures[part] = {k: v for k, v in figures[part].items() if k != "train_s"}  # times differ
     assert first == second
+
+
+@pytest.mark.gpu
+def test_the_gpu_recipe_runs_through_vllm_at_tiny_sizes(tmp_path):
+    """``molt-train demo --gpu``'s recipe, shrunk: vLLM colocated with the FSDP2 bf16 rank on one GPU."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU")
+    pytest.importorskip("vllm")
+    small = replace(
+        demo.GPU_RECIPE,
+        demos=16,
+        sft_start=2,
+        sft_steps=4,
+        eval_every=2,
+        rl_steps=2,
+        rl_eval_every=1,
+        max_new_tokens=32,
+        rl_flags=demo.GPU_RECIPE.rl_flags + ("--rollout.batch_size", "8", "--train.batch_size", "64"),
+    )
+    with mock.patch.dict(os.environ):
+        result = demo.run(small, tmp_path, seed=0, progress=False)
+    assert [s for s, _, _ in result["rl_curve"]] == [0, 1, 2] and result["test_rows"] == 200
+    assert os.path.getsize(result["report"]) > 10_000
