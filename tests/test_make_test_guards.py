@@ -9,6 +9,8 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,14 +20,14 @@ NOBODY = 65534
 
 
 @pytest.fixture
-def no_bwrap_path(tmp_path: Path) -> str:
-    """A PATH with the shell tools the script uses and neither bubblewrap, docker nor apt-get."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for tool in ("bash", "cat", "id", "seq", "sleep"):
-        (bin_dir / tool).symlink_to(shutil.which(tool))
-    tmp_path.chmod(0o755)
-    return str(bin_dir)
+def no_bwrap_path() -> Iterator[str]:
+    """A PATH with the shell tools the script uses and neither bubblewrap, docker nor apt-get (in a directory the
+    unprivileged user can reach: pytest's tmp_path is private to root)."""
+    with tempfile.TemporaryDirectory(prefix="molt-path-") as bin_dir:
+        os.chmod(bin_dir, 0o755)
+        for tool in ("bash", "cat", "id", "seq", "sleep"):
+            os.symlink(shutil.which(tool), os.path.join(bin_dir, tool))
+        yield bin_dir
 
 
 def setup_as_nobody(path: str, **env: str) -> subprocess.CompletedProcess:
