@@ -38,7 +38,7 @@ def two_runs(tmp_path_factory):
     import ray
 
     with mock.patch.dict(os.environ):  # the demo pins numerics through the environment
-        ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
+        demo.start_ray(num_cpus=2)  # what the demo itself does: retried when a loaded machine misses Ray's deadline
         try:
             runs = [demo.run(TINY, tmp_path_factory.mktemp(f"demo{i}"), seed=7, progress=False) for i in range(2)]
         finally:
