@@ -3,8 +3,8 @@
 Each task is ``"sort:74359="`` (3 to 6 digits) and its answer the digits in ascending order, ``"34579"``. The reward
 is the fraction of answer positions the model got right (over the longer of its answer and the right one), so a
 model that already writes the format earns something on every prompt and a group of samples usually differs in
-reward: what a group estimator learns from. The score is exact match, and evaluation reports the mean score, so the
-held-out accuracy is exact-match accuracy. The ``test`` split is a fixed slice of the task space chosen by a hash of
+reward: what a group estimator learns from. The score is exact match; the reward is 1.0 only for an exact match, so
+evaluation's ``pass@1`` (a sample passes at the top of the reward range) is exact-match accuracy. The ``test`` split is a fixed slice of the task space chosen by a hash of
 the task, so no test task is ever trained on.
 """
 
