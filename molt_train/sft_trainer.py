@@ -4,12 +4,14 @@ With ``--model.config tiny`` the tokenizer (byte-level BPE, one token per digit)
 and a randomly initialised model is built, so nothing is downloaded; ``tiny-vl`` builds a vision-language model and
 its processor the same way (``molt_train.models.tiny_vl``). Each row is rendered with the chat template (a vision
 row's images placed and expanded by the processor, their tensors sent with the row to the policy ranks); the loss
-covers only the assistant reply (through its end token). ``run()`` writes ``<output_dir>/hf`` (with the processor,
-for a vision model).
+covers only the assistant reply (through its end token). Several ``--env ID:WEIGHT`` mix their rows into each batch
+by weight (``MixSampler``; ``train/<env>/rows`` counts them). ``run()`` writes ``<output_dir>/hf`` (with the
+processor, for a vision model).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -19,7 +21,7 @@ import torch
 from molt_envs.vision import VisionInputs, text_tokenizer
 from molt_train import checkpoint
 from molt_train.config import SFTConfig
-from molt_train.data import PromptSampler, encode_sft, load_rows
+from molt_train.data import MixSampler, encode_sft, env_mix, load_rows
 from molt_train.experience import Experience
 from molt_train.metrics import MetricsLogger
 from molt_train.models.multimodal import load_processor
@@ -42,11 +44,12 @@ class SFTTrainer:
                 f"row {missing[0]} has no reference completion; SFT needs the env split's reference_key "
                 "or --data.output_key"
             )
-        self.start_step = 0
+        self.start_step, data_state = 0, None
         self.resumed_from = checkpoint.latest(out) if cfg.ckpt.load_enable else None
         if self.resumed_from is not None:
             self.model_path = self.resumed_from / "hf"
-            self.start_step = checkpoint.read_state(self.resumed_from)["step"]
+            state = checkpoint.read_state(self.resumed_from)
+            self.start_step, data_state = state["step"], state.get("data")
         elif cfg.model.config is not None:
             self.model_path = build_tiny(cfg, rows, out / "init")
         else:
@@ -57,7 +60,9 @@ class SFTTrainer:
         self.encoded = [
             encode_sft(processor, r["prompt"], r["reference"], cfg.data.max_len, r.get("images")) for r in rows
         ]
-        self.sampler = PromptSampler(len(self.encoded), cfg.train.batch_size, cfg.train.seed)
+        self.envs = [r.get("env") for r in rows]
+        weights = {e.env_id: e.weight for e in env_mix(cfg)} if not cfg.data.prompt_dataset else None
+        self.sampler = MixSampler(rows, weights, cfg.train.batch_size, cfg.train.seed, data_state, self.start_step)
         init_ray(cfg.ray)
         threads = cpu_threads(cfg.actor.num_threads, cfg.actor.num_workers)
         self.policy = WorkerGroup(
@@ -69,16 +74,22 @@ class SFTTrainer:
     def run(self) -> Path:
         """Train ``--train.num_steps`` steps; returns the exported model directory."""
         cfg, total = self.cfg, self.cfg.train.num_steps
-        logger = MetricsLogger(self.output_dir, total, self.start_step, cfg.logger.progress, "sft")
+        logger = MetricsLogger(
+            self.output_dir, total, self.start_step, cfg.logger.progress, "sft", cfg.logger, dataclasses.asdict(cfg)
+        )
         try:
             for step in range(self.start_step + 1, total + 1):
                 t = time.perf_counter()
-                exp = sft_batch([self.encoded[i] for i in self.sampler.batch(step - 1)], self.pad_id)
+                picked = self.sampler.batch(step - 1)
+                exp = sft_batch([self.encoded[i] for i in picked], self.pad_id)
                 metrics = self.policy.train_step(exp, self.pad_id)
                 metrics = {f"train/{k}" if "/" not in k else k: v for k, v in metrics.items()}
+                for i in picked:  # a mix: the rows each env gave this step
+                    if self.envs[i] is not None:
+                        metrics[f"train/{self.envs[i]}/rows"] = metrics.get(f"train/{self.envs[i]}/rows", 0) + 1
                 metrics["timing/step"] = time.perf_counter() - t
                 if cfg.ckpt.save_steps and step % cfg.ckpt.save_steps == 0 and step < total:
-                    state = {"data_position": step * cfg.train.batch_size}
+                    state = {"data": self.sampler.state()}
                     checkpoint.save(self.policy, self.output_dir, step, str(self.model_path), state, cfg.ckpt.max_num)
                 logger.log(step, metrics, ("train/loss",))
         finally:
