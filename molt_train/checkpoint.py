@@ -53,21 +53,24 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def export_hf(group: WorkerGroup, output_dir: str | Path, tokenizer_path: str) -> Path:
-    """Write the current weights to ``<output_dir>/hf`` atomically (model + tokenizer only)."""
+    """Write the current weights to ``<output_dir>/hf`` atomically (model + tokenizer only; a LoRA run also writes
+    its PEFT adapter directory to ``<output_dir>/adapter``)."""
     out = Path(output_dir)
     tmp = out / ".tmp-export"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     group.call("save", directory=str(tmp), tokenizer_path=tokenizer_path, with_state=False)
-    final = out / "hf"
-    old = out / ".old-hf"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.rename(final, old)
-    os.rename(tmp / "hf", final)
-    shutil.rmtree(old, ignore_errors=True)
+    for name in ("hf", "adapter"):
+        if not (tmp / name).exists():
+            continue
+        final, old = out / name, out / f".old-{name}"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp / name, final)
+        shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return out / "hf"
 
 
 def _write_atomic(path: Path, text: str) -> None:

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,8 @@ from typing import Any
 import torch
 
 from molt_train import checkpoint
+from molt_train import lora as lora_adapters
+from molt_train.algo_config import check_teacher_tokenizer
 from molt_train.algorithms import AdvantageInputs, approx_kl, dynamic_filtering, get_estimator, shape_rewards
 from molt_train.config import RLConfig
 from molt_train.data import env_mix, load_rows
@@ -56,16 +59,23 @@ class RLTrainer:
         self.cfg = cfg
         self.output_dir = Path(cfg.ckpt.output_dir).resolve()
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.algo.advantage.estimator == "on_policy_distill":
+            check_teacher_tokenizer(cfg.actor.model_name_or_path, cfg.ref.model_name_or_path)
         (self.output_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
         init_ray(cfg.ray)
         self.start_step, model_path = 0, str(Path(cfg.actor.model_name_or_path).resolve())
         self.tokenizer_path = model_path
         self.resumed_from = checkpoint.latest(self.output_dir) if cfg.ckpt.load_enable else None
         self.data_state: dict[str, Any] | None = None  # each env's data position after the last batch trained on
+        self.lora = cfg.model if lora_adapters.enabled(cfg.model) else None
+        self.adapter_dir = None
         if self.resumed_from is not None:
             state = checkpoint.read_state(self.resumed_from)
             self.start_step, self.data_state = state["step"], state.get("data")
-            model_path = str(self.resumed_from / "hf")
+            if self.lora is None:
+                model_path = str(self.resumed_from / "hf")
+            else:  # the base checkpoint + the run's adapter (its hf/ is the merged model)
+                self.adapter_dir = str(self.resumed_from / "adapter")
         self.eval_rows = load_rows(cfg, cfg.eval.split, cfg.eval.max_samples) if cfg.env else []
         self.placement = plan_placement(cfg, ray.cluster_resources().get("GPU", 0), os.cpu_count() or 1)
         self.group = reserve(self.placement)
@@ -77,9 +87,13 @@ class RLTrainer:
             model_path,
             total_steps=cfg.train.num_steps * self.steps_per_batch,
             num_threads=self.placement.trainer_threads,
+            lora=self.lora,
+            adapter_dir=self.adapter_dir,
             **self._trainer_slots(),
         )
-        if self.placement.weight_sync == "nccl":  # trainer rank 0 + the engine's one worker: the weight-sync group
+        if (
+            self.placement.weight_sync == "nccl" and self.lora is None
+        ):  # trainer rank 0 + the engine's one worker: the weight-sync group
             host, port = ray.get(self.policy.workers[0].node_endpoint.remote())
             ray.get(
                 [
@@ -128,6 +142,9 @@ class RLTrainer:
             num_threads=placement.rollout_threads,
             engine=cfg.rollout.engine,
             partial_rollout=cfg.train.partial_rollout_enable,
+            top_logprobs=cfg.algo.advantage.score_centering_top_k,
+            lora=self.lora,
+            adapter_dir=self.adapter_dir,
         )
         if cfg.rollout.engine == "vllm":
             ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed))
@@ -288,8 +305,14 @@ class RLTrainer:
         import ray
 
         t, check, vllm = time.perf_counter(), self.cfg.train.check_weight_update_equal, self.cfg.vllm
-        if self.placement.weight_sync == "object_store":
-            refs = self.policy.call_async("full_state_dict")
+        if self.lora is not None and self.cfg.rollout.engine == "vllm":  # the engine loads the adapter directory
+            self.sync_version = getattr(self, "sync_version", 0) + 1
+            directory = self.output_dir / "lora_sync" / f"v{self.sync_version}"
+            self.policy.call("save_adapter", directory=str(directory))
+            timing = ray.get(self.rollout.load_lora_adapter.remote(str(directory / "adapter")))
+            shutil.rmtree(self.output_dir / "lora_sync" / f"v{self.sync_version - 2}", ignore_errors=True)
+        elif self.placement.weight_sync == "object_store":  # LoRA: the adapters only
+            refs = self.policy.call_async("adapter_state_dict" if self.lora is not None else "full_state_dict")
             timing = ray.get(self.rollout.update_weights.remote(refs[0], check=check))
             ray.get(refs)
         elif self.placement.weight_sync == "nccl":  # rank 0 broadcasts while the engine receives

@@ -16,7 +16,7 @@ from molt_train.placement import in_bundle
 from molt_train.policy_worker import PolicyWorker, free_port
 
 if TYPE_CHECKING:
-    from molt_train.config import ActorConfig, AlgoConfig, TrainConfig
+    from molt_train.config import ActorConfig, AlgoConfig, ModelConfig, TrainConfig
 
 
 class WorkerGroup:
@@ -29,6 +29,8 @@ class WorkerGroup:
         total_steps: optimizer steps of the run (the LR schedule). trainable: False for the frozen reference.
         gpus: each rank's share of a GPU (0: CPU); placement / bundles: the Ray placement group and the bundle of
             each rank (rank i in ``bundles[i]``), or None.
+        lora: the ``--model.*`` group when it asks for LoRA adapters (trainable ranks only); adapter_dir: a PEFT
+            adapter directory to start the adapters from (a resumed LoRA run).
     """
 
     def __init__(
@@ -44,6 +46,8 @@ class WorkerGroup:
         placement: Any = None,
         bundles: tuple[int, ...] = (),
         name: str = "policy",
+        lora: ModelConfig | None = None,
+        adapter_dir: str | None = None,
     ) -> None:
         import ray
 
@@ -66,6 +70,8 @@ class WorkerGroup:
                 total_steps=total_steps,
                 trainable=trainable,
                 num_threads=num_threads,
+                lora=lora,
+                adapter_dir=adapter_dir,
             )
             for rank in range(ranks)
         ]
