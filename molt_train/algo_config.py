@@ -1,4 +1,4 @@
-"""The ``--algo.*`` and ``--reward.*`` flag groups of ``molt-train rl`` and every rule on the algorithm's flags.
+"""The ``--algo.*``, ``--critic.*``, ``--reward.*`` (and ``adam``) flag groups of ``molt-train rl`` and every rule on the algorithm's flags.
 
 ``config.py`` holds the other groups and the command configs; ``RLConfig`` calls ``validate_algo`` once its
 dependent defaults are filled. The rules refuse combinations that would silently train the wrong thing (an
@@ -21,11 +21,22 @@ GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "grpo", "dr_grpo")
 
 
 @dataclass(frozen=True)
+class AdamConfig:
+    """AdamW settings (``--actor.adam.*``, ``--critic.adam.*``)."""
+
+    lr: float = option(1e-6, "AdamW learning rate", minimum=0)
+    betas: tuple[float, float] = option((0.9, 0.95), "AdamW betas")
+    eps: float = option(1e-8, "AdamW eps", minimum=0)
+    weight_decay: float = option(0.0, "AdamW weight decay", minimum=0)
+
+
+@dataclass(frozen=True)
 class AdvantageConfig:
     """Rewards -> advantages, and the IS correction of the train/rollout mismatch."""
 
     estimator: str = option("reinforce", "advantage estimator", choices=ESTIMATORS)
-    gamma: float = option(1.0, "discount (reinforce)")
+    gamma: float = option(1.0, "discount (reinforce, gae)")
+    lam: float = option(0.95, "GAE lambda (gae)")
     no_whiten: bool = option(False, "skip advantage whitening")
     is_correction_level: str = option("off", "IS correction granularity", choices=IS_LEVELS)
     is_correction_mode: str = option("mask", "what happens outside the band", choices=IS_MODES)
@@ -71,6 +82,15 @@ class AlgoConfig:
 
 
 @dataclass(frozen=True)
+class CriticConfig:
+    """The PPO critic of ``--algo.advantage.estimator gae``: its checkpoint, value-loss clip and optimizer."""
+
+    model_name_or_path: str | None = option(None, "critic initialisation (default: the actor checkpoint)")
+    value_clip: float | None = option(0.2, "clip V - V_old to +-this in the value loss (unset: no clip)", minimum=0)
+    adam: AdamConfig = group(AdamConfig, lr=0.0)
+
+
+@dataclass(frozen=True)
 class RewardConfig:
     """Reward shaping before the estimator: a length penalty (at most one), then clipping."""
 
@@ -109,6 +129,19 @@ def validate_algo(cfg: RLConfig) -> None:
     _validate_loss_mode(cfg)
     if adv.estimator == "on_policy_distill":
         _validate_distill(cfg)
+    if not 0 <= adv.lam <= 1:
+        raise ConfigError(f"--algo.advantage.lam must be in [0, 1], got {adv.lam}")
+    critic_set = cfg.critic.adam.lr > 0 or cfg.critic.model_name_or_path is not None
+    if adv.estimator == "gae" and cfg.critic.adam.lr <= 0:
+        raise ConfigError(
+            "--algo.advantage.estimator gae trains a critic with its own optimizer: pass --critic.adam.lr "
+            "(e.g. 5e-6; a value head learns faster than the policy)"
+        )
+    if adv.estimator != "gae" and critic_set:
+        raise ConfigError(
+            f"--critic.* configures the PPO critic, which only --algo.advantage.estimator gae builds (got "
+            f"{adv.estimator}); drop the --critic flags or use gae"
+        )
     _validate_is_correction(cfg)
     _validate_reward(cfg.reward, cfg.data.max_len)
     if algo.kl.init_coef > 0 and algo.kl.ref == "rollout" and cfg.rollout.top_p < 1:

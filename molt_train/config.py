@@ -21,7 +21,16 @@ from typing import Any
 
 from molt_train import flags
 from molt_train.actor_backend import AUTOMODEL_INSTALL_HINT, BACKENDS
-from molt_train.algo_config import AdvantageConfig, AlgoConfig, KLConfig, RewardConfig, algo_defaults, validate_algo
+from molt_train.algo_config import (
+    AdamConfig,
+    AdvantageConfig,
+    AlgoConfig,
+    CriticConfig,
+    KLConfig,
+    RewardConfig,
+    algo_defaults,
+    validate_algo,
+)
 from molt_train.algorithms import LOSS_AGG_MODES, POLICY_LOSSES
 from molt_train.data import check_env_mix
 from molt_train.engines.vllm import VLLM_INSTALL_HINT
@@ -30,9 +39,11 @@ from molt_train.flags import ConfigError, group, option
 
 __all__ = [
     "COMMANDS",
+    "AdamConfig",
     "AdvantageConfig",
     "AlgoConfig",
     "ConfigError",
+    "CriticConfig",
     "EvalCommandConfig",
     "KLConfig",
     "ModelConfig",
@@ -76,16 +87,6 @@ class ModelConfig:
     lora_target_modules: tuple[str, ...] = option(
         (), "LoRA targets: globs over full module names, e.g. '*.q_proj' '*.v_proj' (default: every linear layer)"
     )
-
-
-@dataclass(frozen=True)
-class AdamConfig:
-    """AdamW of the policy."""
-
-    lr: float = option(1e-6, "AdamW learning rate", minimum=0)
-    betas: tuple[float, float] = option((0.9, 0.95), "AdamW betas")
-    eps: float = option(1e-8, "AdamW eps", minimum=0)
-    weight_decay: float = option(0.0, "AdamW weight decay", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -302,6 +303,7 @@ class RLConfig:
     data: DataConfig = group(DataConfig)
     rollout: RolloutConfig = group(RolloutConfig)
     algo: AlgoConfig = group(AlgoConfig)
+    critic: CriticConfig = group(CriticConfig)
     reward: RewardConfig = group(RewardConfig)
     vllm: VLLMConfig = group(VLLMConfig)
     train: TrainConfig = group(TrainConfig)

@@ -2,7 +2,8 @@
 queue, on the actors ``placement.plan_placement`` places.
 
 The actors: one ``RolloutWorker`` (the rollout engine + the agent runner), a ``WorkerGroup`` of FSDP2 policy ranks,
-and a frozen reference group only with ``--algo.kl.ref model``. Two ``ray.util.queue.Queue``s of size Q
+a frozen reference group only with ``--algo.kl.ref model`` (the teacher of ``on_policy_distill``), and a critic group
+(``CriticWorker``) only with ``gae``. Two ``ray.util.queue.Queue``s of size Q
 (``--train.async_queue_size``) connect rollout and training: the producer takes a slot, generates batch k, puts it
 on the rollout queue. The controller takes batch k and returns the slot at once, so rollout of step k+1 overlaps
 training of step k (Q=1 is one step stale); ``--train.force_sync_mode`` returns the slot only after the weight
@@ -113,10 +114,29 @@ class RLTrainer:
                 name="ref",
                 **self._trainer_slots(),
             )
+        self.critic = None
+        if cfg.algo.advantage.estimator == "gae":  # the PPO critic: its own group, on the policy's bundles
+            from molt_train.critic_worker import CriticWorker
+
+            critic_path = cfg.critic.model_name_or_path or cfg.actor.model_name_or_path
+            self.critic = WorkerGroup(
+                cfg.actor,
+                cfg.train,
+                str(Path(critic_path).resolve()),
+                total_steps=cfg.train.num_steps * self.steps_per_batch,
+                num_threads=self.placement.reference_threads,
+                name="critic",
+                worker_cls=CriticWorker,
+                critic=cfg.critic,
+                **self._trainer_slots(),
+            )
         # the ranks build their model in the background: wait for them here (start-up, not the first step's time)
-        ray.get([w.__ray_ready__.remote() for g in (self.policy, self.reference) if g is not None for w in g.workers])
+        groups = [g for g in (self.policy, self.reference, self.critic) if g is not None]
+        ray.get([w.__ray_ready__.remote() for g in groups for w in g.workers])
         if self.resumed_from is not None:
             self.policy.call("load_state", directory=str(self.resumed_from))
+            if self.critic is not None:
+                self.critic.call("load_state", directory=str(self.resumed_from))
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(self.tokenizer_path)
@@ -202,7 +222,9 @@ class RLTrainer:
                 if cfg.ckpt.save_steps and step % cfg.ckpt.save_steps == 0 and step < total:
                     t = time.perf_counter()
                     state = {"data": self.data_state}
-                    checkpoint.save(self.policy, self.output_dir, step, self.tokenizer_path, state, cfg.ckpt.max_num)
+                    checkpoint.save(
+                        self.policy, self.output_dir, step, self.tokenizer_path, state, cfg.ckpt.max_num, self.critic
+                    )
                     last["timing/checkpoint_s"] = time.perf_counter() - t
                 logger.log(step, last, status if len(cfg.env) > 1 else STATUS_KEYS)
             ray.get(producer)
@@ -273,6 +295,8 @@ class RLTrainer:
             exp.extra["logp_old"] = self.policy.logprobs(exp, self.pad_id, temperature)
         if self.reference is not None:
             exp.extra["logp_ref"] = self.reference.logprobs(exp, self.pad_id, temperature)
+        if self.critic is not None:  # V_old: the values GAE bootstraps from and the value clip is around
+            exp.extra["values"] = self.critic.per_token("values", exp, self.pad_id)
         metrics.update(estimate_advantages(exp, cfg))
         return exp, metrics
 
@@ -289,6 +313,10 @@ class RLTrainer:
             for s in range(0, n, per_step):
                 window = exp.select(order[s : s + per_step])
                 out = self.policy.train_step(window, self.pad_id, cfg.algo, cfg.sampling_temperature)
+                if self.critic is not None:
+                    critic = self.critic.train_step(window, self.pad_id)
+                    out.update({f"critic/{k}": v for k, v in critic.items() if "/" not in k})
+                    out.update({k: v for k, v in critic.items() if k.startswith("critic/")})
                 for k, v in out.items():
                     totals[k] = totals.get(k, 0.0) + v
                 count += 1
@@ -354,7 +382,7 @@ class RLTrainer:
     def shutdown(self) -> None:
         import ray
 
-        for group in (self.policy, self.reference):
+        for group in (self.policy, self.reference, self.critic):
             if group is not None:
                 group.shutdown()
         try:
@@ -397,7 +425,7 @@ def estimate_advantages(exp: Experience, cfg: RLConfig) -> dict[str, float]:
         policy = exp.extra.get("logp_old", exp.rollout_logp)
         kl = approx_kl(policy, ref, kl_cfg.estimator)
         metrics["kl"] = float((kl * exp.action_mask).sum() / exp.action_mask.sum().clamp(min=1))
-    exp.advantages, _ = get_estimator(adv.estimator)(
+    exp.advantages, returns = get_estimator(adv.estimator)(
         AdvantageInputs(
             rewards=exp.rewards,
             action_mask=exp.action_mask,
@@ -407,8 +435,12 @@ def estimate_advantages(exp: Experience, cfg: RLConfig) -> dict[str, float]:
             kl_coef=kl_cfg.init_coef if cfg.kl_as_reward else 0.0,
             gamma=adv.gamma,
             no_whiten=adv.no_whiten,
+            values=exp.extra.get("values"),
+            lam=adv.lam,
         )
     )
+    if "values" in exp.extra:  # the critic's targets
+        exp.extra["returns"] = returns
     metrics["advantage/abs_mean"] = float(exp.advantages.abs().sum() / exp.action_mask.sum().clamp(min=1))
     return metrics
 

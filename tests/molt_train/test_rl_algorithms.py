@@ -1,5 +1,6 @@
-"""The seed's policy losses, IS gates, score centering and on-policy distillation, each for a few steps through
-``molt-train rl`` (the real command in-process, a real local Ray, gloo FSDP2 ranks, the hf engine, tiny models)."""
+"""The seed's policy losses, IS gates, score centering, on-policy distillation, PPO with a critic and LoRA, each for a
+few steps through ``molt-train rl`` / ``sft`` (the real commands in-process, one real local Ray, gloo FSDP2 ranks,
+the hf engine, tiny models), and the refused combinations."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
 
 from molt_train import rl_cli
 from molt_train.config import parse
@@ -75,28 +77,34 @@ def test_two_rl_steps(ray_local, student, tmp_path, case):
 
 @pytest.fixture(scope="module")
 def teacher(tiny_tokenizer, tmp_path_factory) -> Path:
-    """A differently initialised tiny model with sharp next-token distributions (scaled embeddings)."""
-    import torch
-
     from molt_train.models.tiny import build_tiny_model, save_tiny
 
-    model = build_tiny_model(tiny_tokenizer, hidden_size=32, num_layers=1, seed=1)
-    with torch.no_grad():
-        model.get_input_embeddings().weight.mul_(40.0)  # tied with the head: peaked logits
+    model = build_tiny_model(tiny_tokenizer, hidden_size=32, num_layers=1, seed=1)  # near-uniform next tokens
     return save_tiny(model, tiny_tokenizer, tmp_path_factory.mktemp("teacher"))
 
 
-def test_on_policy_distillation_pulls_the_student_toward_the_teacher(ray_local, student, teacher, tmp_path):
+@pytest.fixture(scope="module")
+def peaked_student(tiny_tokenizer, tmp_path_factory) -> Path:
+    """Another init, with sharp next-token distributions (scaled tied embeddings): far from the teacher."""
+    from molt_train.models.tiny import build_tiny_model, save_tiny
+
+    model = build_tiny_model(tiny_tokenizer, hidden_size=32, num_layers=1, seed=0)
+    with torch.no_grad():
+        model.get_input_embeddings().weight.mul_(10.0)
+    return save_tiny(model, tiny_tokenizer, tmp_path_factory.mktemp("peaked"))
+
+
+def test_on_policy_distillation_pulls_the_student_toward_the_teacher(ray_local, peaked_student, teacher, tmp_path):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"input": f"Tell me about {w}."}) + "\n" for w in "abcdefgh"))
-    argv = ["--data.prompt_dataset", str(prompts), "--actor.model_name_or_path", str(student)]
+    argv = ["--data.prompt_dataset", str(prompts), "--actor.model_name_or_path", str(peaked_student)]
     argv += ["--ref.model_name_or_path", str(teacher), "--algo.advantage.estimator", "on_policy_distill"]
     argv += ["--train.num_steps", "8", "--rollout.batch_size", "8", "--rollout.max_new_tokens", "6"]
     argv += ["--actor.adam.lr", "2e-2", "--eval.max_samples", "0", "--no-logger.progress", "--data.max_len", "64"]
     records = run_rl(tmp_path / "run", argv)
-    kl = [r["kl"] for r in records]
-    assert len(kl) == 8 and kl[0] > 1.0  # the student starts far from the sharp teacher
-    assert sum(kl[-2:]) / 2 < 0.5 * sum(kl[:2]) / 2, kl  # the reverse KL on its own samples falls
+    kl = [r["kl"] for r in records]  # k1 estimate of KL(student || teacher) on the student's own samples
+    assert len(kl) == 8 and kl[0] > 1.0  # the sharp student starts far from the flat teacher
+    assert sum(kl[-2:]) / 2 < 0.6 * sum(kl[:2]) / 2, kl  # and moves toward it
     config = json.loads((tmp_path / "run" / "config.json").read_text())
     assert config["algo"]["kl"] == {"init_coef": 1.0, "estimator": "k1", "use_loss": False, "ref": "model"}
 
@@ -151,3 +159,109 @@ def test_refused_combinations_name_the_flags(flags, message, capsys):
         parse("rl", REQUIRED + flags)
     assert exc.value.code == 2
     assert re.search(message, capsys.readouterr().err)
+
+
+def test_ppo_with_a_critic_trains_checkpoints_and_resumes_it(ray_local, student, tmp_path):
+    argv = ["--env", "molt/arith-v1", "--train.agent_path", AGENT, "--actor.model_name_or_path", str(student)]
+    argv += BASE + ["--algo.advantage.estimator", "gae", "--critic.adam.lr", "1e-2", "--algo.advantage.lam", "0.9"]
+    records = run_rl(tmp_path, argv + ["--train.num_steps", "2", "--ckpt.save_steps", "1"])
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[0]["critic/value_mean"] == 0.0  # a zero-initialised value head
+    assert records[1]["critic/value_mean"] != 0.0 and all(r["critic/grad_norm"] > 0 for r in records)
+    assert all("critic/loss" in r and "critic/clip_frac" in r for r in records)
+    saved = torch.load(tmp_path / "checkpoints" / "step_1" / "_critic" / "critic.pt", weights_only=False)
+    assert {"model", "optimizer", "scheduler"} <= set(saved) and "value_head.weight" in saved["model"]
+    assert saved["model"]["value_head.weight"].abs().sum() > 0  # one step trained it
+    resumed = run_rl(tmp_path, argv + ["--train.num_steps", "3", "--ckpt.load_enable"])
+    assert [r["step"] for r in resumed][-2:] == [2, 3]  # from step_1, critic state included
+    assert resumed[-2]["critic/value_mean"] != 0.0  # the resumed head, not a fresh zero one
+
+
+# -- LoRA through PEFT (--model.lora_*) --
+
+LORA = ["--model.lora_dim", "4", "--model.lora_alpha", "8", "--actor.adam.lr", "2e-2"]
+
+
+def same_logits(a, b, ids) -> bool:
+    with torch.no_grad():
+        return torch.allclose(a(input_ids=ids).logits, b(input_ids=ids).logits, atol=1e-5)
+
+
+def test_sft_with_lora_trains_only_the_adapters_and_exports_adapter_and_merged(ray_local, student, tmp_path):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from molt_train import sft_cli
+
+    argv = ["--env", "molt/arith-v1", "--actor.model_name_or_path", str(student), "--ckpt.output_dir", str(tmp_path)]
+    argv += ["--train.num_steps", "3", "--train.batch_size", "8", "--eval.max_samples", "0", "--no-logger.progress"]
+    argv += LORA + ["--model.lora_target_modules", "*.q_proj", "*.v_proj", "*.down_proj"]
+    assert sft_cli.main(argv) == 0
+    losses = [json.loads(line)["train/loss"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(losses) == 3 and losses[-1] < losses[0]
+    adapter = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    assert adapter["r"] == 4 and adapter["lora_alpha"] == 8
+    before = AutoModelForCausalLM.from_pretrained(student)
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    original = before.state_dict()
+    changed = {k for k, v in merged.state_dict().items() if not torch.equal(v, original[k])}
+    # the merge moved exactly the targeted projections; embeddings, norms, k/o/gate/up stayed the base's
+    assert changed == {
+        "model.layers.0.self_attn.q_proj.weight",
+        "model.layers.0.self_attn.v_proj.weight",
+        "model.layers.0.mlp.down_proj.weight",
+    }, changed
+    ids = torch.tensor([[5, 17, 40, 3, 99]])
+    peft = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(student), tmp_path / "adapter")
+    assert same_logits(peft, merged, ids)  # adapter on the base == the merged checkpoint
+    assert not same_logits(before, merged, ids)
+
+
+def test_rl_with_lora_syncs_only_the_adapters_and_checks_them(ray_local, student, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from molt_train import rl_cli
+
+    argv = ["--env", "molt/arith-v1", "--actor.model_name_or_path", str(student), "--ckpt.output_dir", str(tmp_path)]
+    argv += ["--train.num_steps", "2", "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "2"]
+    argv += ["--rollout.max_new_tokens", "4", "--eval.max_samples", "0", "--no-logger.progress"]
+    argv += ["--train.check_weight_update_equal", "--ckpt.save_steps", "1", "--data.max_len", "64"] + LORA
+    assert rl_cli.main(argv) == 0
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2]
+    full = AutoModelForCausalLM.from_pretrained(student)
+    full_bytes = sum(p.numel() * 4 for p in full.parameters())
+    linear = [m for m in full.modules() if isinstance(m, torch.nn.Linear) and m is not full.lm_head]
+    adapter_bytes = sum(4 * 4 * (m.in_features + m.out_features) for m in linear)  # rank 4: A (4 x in) + B (out x 4)
+    for r in records:
+        assert r["weight_sync/bytes"] == adapter_bytes < full_bytes / 5  # the adapters only reach the engine
+        assert r["weight_sync/checked_params"] == 2 * len(linear)  # every lora_A / lora_B equals the trainer's
+    assert (tmp_path / "checkpoints" / "step_1" / "adapter" / "adapter_model.safetensors").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    assert not torch.equal(merged.model.layers[0].self_attn.q_proj.weight, full.model.layers[0].self_attn.q_proj.weight)
+    torch.testing.assert_close(merged.model.embed_tokens.weight, full.model.embed_tokens.weight, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--model.lora_dim", "4", "--actor.backend", "automodel"], "--actor.backend automodel is not supported"),
+        (["--model.lora_target_modules", "*.q_proj"], "needs --model.lora_dim > 0"),
+    ],
+)
+def test_lora_refusals_name_the_flags(argv, message, capsys):
+    from molt_train.config import parse
+
+    with pytest.raises(SystemExit):
+        parse("rl", ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "o", *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_lora_targets_that_match_nothing_name_the_flag(tiny_model):
+    import copy
+
+    from molt_train import lora
+    from molt_train.config import ModelConfig
+
+    with pytest.raises(ValueError, match="--model.lora_target_modules q_proj matched no linear layer"):
+        lora.inject(copy.deepcopy(tiny_model), ModelConfig(lora_dim=4, lora_target_modules=("q_proj",)))
