@@ -77,7 +77,9 @@ def test_two_rl_steps(ray_local, student, tmp_path, case):
     for r in records:
         assert r["train/tokens"] > 0 and r["rollout/dropped_total"] == 0
         assert set(metrics) <= set(r) and r["train/loss"] == r["train/loss"]  # logged, and not NaN
-        assert r["train/grad_norm"] > 0  # the parity rewards differ: the loss moved the policy
+        # a batch whose parity rewards differ within a group moves the policy (one of equal rewards has no signal)
+        assert r["train/grad_norm"] > 0 or r["advantage/abs_mean"] == 0
+    assert any(r["train/grad_norm"] > 0 for r in records)
     if case.startswith("score_centering"):  # the sampler's top-k reached the loss: an average log-prob, < 0
         assert all(r["score_centering/term_mean"] < 0 for r in records)
 
