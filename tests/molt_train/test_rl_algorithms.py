@@ -232,6 +232,7 @@ def test_rl_with_lora_syncs_only_the_adapters_and_checks_them(ray_local, student
     from molt_train import rl_cli
 
     argv = ["--env", "molt/arith-v1", "--actor.model_name_or_path", str(student), "--ckpt.output_dir", str(tmp_path)]
+    argv += ["--train.agent_path", AGENT]  # parity rewards: arith gives an untrained model 0 everywhere, no update
     argv += ["--train.num_steps", "2", "--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "2"]
     argv += ["--rollout.max_new_tokens", "4", "--eval.max_samples", "0", "--no-logger.progress"]
     argv += ["--train.check_weight_update_equal", "--ckpt.save_steps", "1", "--data.max_len", "64"] + LORA
