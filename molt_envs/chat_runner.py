@@ -91,6 +91,7 @@ class ChatAgentRunner(Runner):
                 sampling_params=params,
                 max_length=max_length,
                 session_socket=await server.unix_socket(),
+                judge=self.judge,
             )
             outcome = await agent.run(ctx)
             if not isinstance(outcome, Result):

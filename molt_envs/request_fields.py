@@ -92,7 +92,8 @@ def content_of(
     parts: list[dict[str, Any]] = []
     for i, part in enumerate(content):
         at = f"{where}[{i}]"
-        read = image_parts.get(part.get("type")) if isinstance(part, dict) else None
+        kind = part.get("type") if isinstance(part, dict) else None
+        read = image_parts.get(kind) if isinstance(kind, str) else None  # a non-string type is the text check's 400
         if read is None:
             parts.append({"type": "text", "text": _text_part(part, at, text_types)})
         else:

@@ -28,6 +28,7 @@ from typing import Any
 
 from molt_envs.contract import Env, Result, SamplingParams
 from molt_envs.engine import Engine
+from molt_envs.judge import JudgeClient
 from molt_envs.trajectory import Trajectory
 from molt_envs.vision import (
     ImageError,
@@ -107,10 +108,13 @@ class Runner(ABC):
 
     Attributes:
         env_id, spec_hash: stamped on every trajectory it returns.
+        judge: the ``JudgeClient`` every episode gets (``StepState["judge"]``, ``ChatContext.judge``), or None; set
+            by whoever runs it (the trainer's ``--judge.*``, an evaluator's judge endpoint).
     """
 
     env_id: str | None = None
     spec_hash: str | None = None
+    judge: JudgeClient | None = None
 
     @abstractmethod
     async def execute(
@@ -266,6 +270,7 @@ class StepEnvRunner(Runner):
                     "sampling_params": params.updated(),
                     "turn": turn,
                     "images": list(traj.images),
+                    "judge": self.judge,
                 }
             )
             if not isinstance(result, Result):

@@ -7,8 +7,10 @@ configs (``RLConfig``, ``SFTConfig``, ``EvalCommandConfig``) hold the groups the
 the dependent defaults and refuses combinations that would silently train the wrong thing, with a ``ConfigError``
 naming the flags. ``parse(command, argv)`` is the command line's way in (a refused value exits with status 2).
 
-To add a flag: a field in its group. To add a group (``--critic.*``): a frozen dataclass here, a ``group(...)``
-field in the command configs that read it, its cross-flag rules in that command's ``_validate``.
+The algorithm's groups and rules live in ``algo_config.py`` (``validate_algo``), the vllm engine's in
+``engine_config.py`` (``validate_engine``); both are re-exported here. To add a flag: a field in its group. To add a
+group: a frozen dataclass, a ``group(...)`` field in the command configs that read it, its cross-flag rules called
+from that command's ``_validate``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import importlib.util
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from molt_train import flags
@@ -33,8 +36,8 @@ from molt_train.algo_config import (
 )
 from molt_train.algorithms import LOSS_AGG_MODES, POLICY_LOSSES
 from molt_train.data import check_env_mix
+from molt_train.engine_config import VLLMConfig, validate_engine
 from molt_train.engines.vllm import VLLM_INSTALL_HINT
-from molt_train.engines.weight_buckets import BUCKET_BYTES
 from molt_train.flags import ConfigError, group, option
 
 __all__ = [
@@ -50,6 +53,7 @@ __all__ = [
     "RLConfig",
     "RewardConfig",
     "SFTConfig",
+    "VLLMConfig",
     "parse",
 ]
 
@@ -186,34 +190,6 @@ class RolloutConfig:
 
 
 @dataclass(frozen=True)
-class VLLMConfig:
-    """The vLLM rollout engine (``--rollout.engine vllm``)."""
-
-    num_engines: int = option(
-        1,
-        "vLLM engines; with --train.colocate_all all share the one GPU (requests go to the least busy, "
-        "gpu_memory_utilization is split between them)",
-        minimum=1,
-    )
-    tensor_parallel_size: int = option(1, "tensor-parallel GPUs per vLLM engine", minimum=1)
-    data_parallel_size: int = option(1, "data-parallel vLLM replicas (single node)", minimum=1)
-    gpu_memory_utilization: float = option(0.35, "fraction of GPU memory vLLM takes (weights + KV cache)")
-    enforce_eager: bool = option(False, "no CUDA graphs / torch.compile (faster start, slower decode)")
-    enable_prefix_caching: bool = option(False, "reuse KV of shared prefixes (reset at every weight sync)")
-    max_num_batched_tokens: int | None = option(None, "scheduler token budget per step", minimum=1)
-    max_num_seqs: int | None = option(None, "sequences decoded together at most", minimum=1)
-    max_model_len: int | None = option(None, "context length the engine allocates for (default: --data.max_len)")
-    dtype: str = option("bfloat16", "engine weight dtype", choices=("bfloat16", "float16", "float32", "auto"))
-    mtp_num_speculative_tokens: int = option(0, "MTP speculative tokens (0 = off; needs an MTP checkpoint)", minimum=0)
-    enable_sleep: bool = option(False, "free vLLM's GPU memory during training (sleep/wake each step)")
-    bucket_mb: int = option(BUCKET_BYTES >> 20, "weight-sync bucket size in MiB (one transfer per bucket)", minimum=1)
-
-    @property
-    def bucket_bytes(self) -> int:
-        return self.bucket_mb << 20
-
-
-@dataclass(frozen=True)
 class TrainConfig:
     """The training loop: steps, batches, the async queue, placement and weight sync."""
 
@@ -248,6 +224,23 @@ class TrainConfig:
         "stops the run, named",
         commands=RL,
     )
+    rollout_dump_dir: str | None = option(
+        None,
+        "write every rollout batch the trainer takes to DIR/batch_<step>.pkl (for --train.rollout_replay_dir)",
+        commands=RL,
+    )
+    rollout_replay_dir: str | None = option(
+        None,
+        "train on the batches a --train.rollout_dump_dir run wrote, in order, with no rollout engine (no "
+        "generation, no weight sync, no eval)",
+        commands=RL,
+    )
+    colocate_fsdp_models: bool = option(
+        True,
+        "the reference ranks share the policy ranks' GPUs (bundles); --no-train.colocate_fsdp_models gives them "
+        "GPUs of their own",
+        commands=RL,
+    )
 
 
 @dataclass(frozen=True)
@@ -258,6 +251,12 @@ class CkptConfig:
     save_steps: int = option(0, "save a resumable checkpoint every N steps (0 = only at the end)", minimum=0)
     max_num: int = option(2, "resumable checkpoints kept", minimum=1)
     load_enable: bool = option(False, "resume from the latest checkpoint in --ckpt.output_dir")
+    save_hf: bool = option(
+        False,
+        "also export every --ckpt.save_steps checkpoint's model to hf_steps/step_N (safetensors + tokenizer), "
+        "kept whatever --ckpt.max_num rotates away",
+        commands=RL,
+    )
 
 
 @dataclass(frozen=True)
@@ -273,13 +272,47 @@ class EvalConfig:
     temperature: float = option(0.0, "eval sampling temperature (0 = greedy)", minimum=0)
     n_samples_per_prompt: int = option(1, "samples per row at eval; pass@k is logged for every k <= n", minimum=1)
     eval_at_start: bool = option(False, "evaluate before the first step", commands=RL)
+    eval_only: bool = option(
+        False,
+        "score --actor.model_name_or_path once on --eval.split (or --eval.dataset) and exit; no trainer "
+        "workers are built",
+        commands=RL,
+    )
+    dataset: str | None = option(
+        None, "JSONL file of eval rows (--data.input_key / --data.label_key fields) instead of --eval.split"
+    )
+    top_p: float | None = option(None, "eval nucleus sampling (default: --rollout.top_p)")
 
 
 @dataclass(frozen=True)
 class LoggerConfig:
-    """What a run prints and writes besides metrics.jsonl and TensorBoard."""
+    """What a run prints and writes besides metrics.jsonl and TensorBoard (and where else it logs)."""
 
     progress: bool = option(True, "rich progress bar on the console")
+    wandb_project: str | None = option(
+        None,
+        "also log every step's metrics to this Weights & Biases project; the run lives in <output_dir>/wandb "
+        "(WANDB_MODE=offline keeps it there: `wandb sync <output_dir>/wandb/offline-run-*` uploads it later)",
+    )
+    wandb_run_name: str | None = option(None, "the W&B run's name (default: W&B's)")
+
+
+@dataclass(frozen=True)
+class JudgeConfig:
+    """LLM-as-judge rewards: the endpoint every episode's judge client (StepState["judge"], ChatContext.judge) calls."""
+
+    policy: bool = option(
+        False, "serve judge calls with the rollout engine itself: the current policy judges (weight syncs reach it)"
+    )
+    model_name_or_path: str | None = option(
+        None, "a frozen judge model (HF checkpoint), served by an hf engine of its own in the rollout actor"
+    )
+    timeout_s: float = option(60.0, "a judge call running longer ends its episode as failure_judge", minimum=0)
+    max_new_tokens: int = option(16, "tokens a judge reply may take at most", minimum=1)
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy or self.model_name_or_path is not None
 
 
 ENV_HELP = (
@@ -310,6 +343,7 @@ class RLConfig:
     ckpt: CkptConfig = group(CkptConfig)
     eval: EvalConfig = group(EvalConfig)
     logger: LoggerConfig = group(LoggerConfig)
+    judge: JudgeConfig = group(JudgeConfig)
 
     def __post_init__(self) -> None:
         check_env_mix(self)
@@ -329,7 +363,8 @@ class RLConfig:
         return self.algo.kl.init_coef > 0 and not self.algo.kl.use_loss
 
     def _validate(self) -> None:
-        _require_data(self)
+        if not self.eval.eval_only:
+            _require_data(self)
         _require_output_dir(self)
         if not self.env and self.train.agent_path is None and self.algo.advantage.estimator != "on_policy_distill":
             raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
@@ -348,60 +383,69 @@ class RLConfig:
             )
         if not 0 < self.rollout.top_p <= 1:
             raise ConfigError(f"--rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
-        self._validate_engine()
+        validate_engine(self)
         validate_algo(self)
         _validate_lora(self)
         _require_installed(self.actor.backend, self.rollout.engine)
+        self._validate_run_modes()
 
-    def _validate_engine(self) -> None:
-        """``--rollout.engine`` and what goes with it: vllm runs single-GPU engines, colocated (CUDA IPC weight
-        sync) or on a GPU of their own (NCCL); a partial rollout is the vllm engine's pause/resume."""
-        engine, train, vllm = self.rollout.engine, self.train, self.vllm
-        if train.partial_rollout_enable and engine != "vllm":
+    def _validate_run_modes(self) -> None:
+        """``--eval.eval_only`` and ``--train.rollout_dump_dir`` / ``rollout_replay_dir``: runs that skip a part."""
+        ev, train = self.eval, self.train
+        if ev.top_p is not None and not 0 < ev.top_p <= 1:
+            raise ConfigError(f"--eval.top_p must be in (0, 1], got {ev.top_p}")
+        if ev.eval_only:
+            if not self.env and ev.dataset is None:
+                raise ConfigError(
+                    "--eval.eval_only needs rows: pass --env ns/name-vN (its --eval.split) or --eval.dataset FILE"
+                )
+            if ev.max_samples == 0:
+                raise ConfigError("--eval.eval_only with --eval.max_samples 0 has nothing to score; drop one of them")
+            for flag, value in (
+                ("--ckpt.load_enable", self.ckpt.load_enable),
+                ("--train.rollout_replay_dir", train.rollout_replay_dir),
+                ("--train.rollout_dump_dir", train.rollout_dump_dir),
+            ):
+                if value:
+                    raise ConfigError(
+                        f"--eval.eval_only scores --actor.model_name_or_path and trains nothing, so {flag} does "
+                        "nothing; drop it (to score a checkpoint, pass its hf/ directory as --actor.model_name_or_path)"
+                    )
+        if train.colocate_all and not train.colocate_fsdp_models:
             raise ConfigError(
-                "--train.partial_rollout_enable pauses and resumes requests inside the vllm engine; "
-                "add --rollout.engine vllm"
+                "--train.colocate_all puts the reference ranks on the policy's GPUs, which "
+                "--no-train.colocate_fsdp_models forbids; drop one of them"
             )
-        if train.partial_rollout_enable and train.force_sync_mode:
+        if self.judge.policy and self.judge.model_name_or_path:
             raise ConfigError(
-                "--train.partial_rollout_enable syncs weights under rollouts in flight, which "
-                "--train.force_sync_mode forbids; drop one of them"
+                "--judge.policy (the policy judges) and --judge.model_name_or_path (a frozen judge) are two judges; "
+                "keep one"
             )
-        if not 0.0 < vllm.gpu_memory_utilization <= 1.0:
-            raise ConfigError(f"--vllm.gpu_memory_utilization must be in (0, 1], got {vllm.gpu_memory_utilization}")
-        if vllm.mtp_num_speculative_tokens and vllm.enable_prefix_caching:
-            raise ConfigError(
-                "--vllm.mtp_num_speculative_tokens cannot be combined with --vllm.enable_prefix_caching; "
-                "drop one of them"
-            )
-        if engine != "vllm":
+        if train.rollout_replay_dir is None:
             return
-        parallel = (vllm.tensor_parallel_size, vllm.data_parallel_size)
-        if parallel != (1, 1):
+        if self.judge.enabled:
             raise ConfigError(
-                f"--rollout.engine vllm drives single-GPU engines here: it needs --vllm.tensor_parallel_size 1 "
-                f"--vllm.data_parallel_size 1, got {parallel[0]}, {parallel[1]}"
+                "--train.rollout_replay_dir builds no rollout engine and runs no env, so no judge is called; "
+                "drop --judge.*"
             )
-        if vllm.num_engines != 1 and not train.colocate_all:
+        if train.rollout_dump_dir is not None:
             raise ConfigError(
-                f"--vllm.num_engines {vllm.num_engines} puts that many engines on the one GPU the trainer shares "
-                "with them; add --train.colocate_all, or use --vllm.num_engines 1 for an engine on a GPU of its own"
+                "--train.rollout_replay_dir trains on dumped batches and generates none, so there is nothing for "
+                "--train.rollout_dump_dir to write; drop one of them"
             )
-        if vllm.enable_sleep and not train.colocate_all:
+        if not Path(train.rollout_replay_dir).is_dir():
             raise ConfigError(
-                "--vllm.enable_sleep frees the GPU the engine shares with the trainer; with the engine on a GPU "
-                "of its own (no --train.colocate_all) drop it"
+                f"--train.rollout_replay_dir {train.rollout_replay_dir!r} is not a directory; pass the "
+                "--train.rollout_dump_dir of an earlier run"
             )
-        if vllm.enable_sleep and not train.force_sync_mode:
-            raise ConfigError(
-                "--vllm.enable_sleep frees the engine while the trainer trains, so rollout and training must "
-                "take turns: add --train.force_sync_mode"
-            )
-        if vllm.max_model_len < self.data.max_len:
-            raise ConfigError(
-                f"--vllm.max_model_len {vllm.max_model_len} is shorter than --data.max_len {self.data.max_len}; "
-                "raise it or drop it (default: --data.max_len)"
-            )
+        for flag, value in (
+            ("--eval.steps", ev.steps),
+            ("--eval.eval_at_start", ev.eval_at_start),
+            ("--train.partial_rollout_enable", train.partial_rollout_enable),
+            ("--train.check_weight_update_equal", train.check_weight_update_equal),
+        ):
+            if value:
+                raise ConfigError(f"--train.rollout_replay_dir builds no rollout engine, so {flag} cannot act; drop it")
 
 
 @dataclass(frozen=True)

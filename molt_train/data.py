@@ -83,10 +83,22 @@ def load_rows(
     return rows
 
 
-def _jsonl_rows(path: Path, data: DataConfig, limit: int | None) -> list[dict[str, Any]]:
+def load_eval_rows(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> list[dict[str, Any]]:
+    """The held-out rows: ``--eval.dataset`` when given (its fields named by ``--data.input_key`` /
+    ``--data.label_key``), else the env's ``--eval.split``; at most ``--eval.max_samples``."""
+    if cfg.eval.dataset:
+        return _jsonl_rows(Path(cfg.eval.dataset), cfg.data, cfg.eval.max_samples, flag="--eval.dataset")
+    return load_rows(cfg, cfg.eval.split, cfg.eval.max_samples)
+
+
+def _jsonl_rows(
+    path: Path, data: DataConfig, limit: int | None, flag: str = "--data.prompt_dataset"
+) -> list[dict[str, Any]]:
     if not path.is_file():
-        raise FileNotFoundError(f"--data.prompt_dataset {str(path)!r} does not exist")
-    rows = []
+        raise FileNotFoundError(f"{flag} {str(path)!r} does not exist")
+    rows: list[dict[str, Any]] = []
+    if limit == 0:
+        return rows
     with path.open(encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             if not line.strip():
@@ -113,8 +125,8 @@ def _jsonl_rows(path: Path, data: DataConfig, limit: int | None) -> list[dict[st
             )
             if limit is not None and len(rows) >= limit:
                 break
-    if not rows:
-        raise ValueError(f"--data.prompt_dataset {path} has no rows")
+    if not rows and limit != 0:
+        raise ValueError(f"{flag} {path} has no rows")
     return rows
 
 

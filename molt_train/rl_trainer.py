@@ -30,17 +30,17 @@ from typing import Any
 
 import torch
 
-from molt_train import checkpoint
+from molt_train import checkpoint, rollout_dump
 from molt_train import lora as lora_adapters
 from molt_train.algo_config import check_teacher_tokenizer
 from molt_train.algorithms import AdvantageInputs, approx_kl, dynamic_filtering, get_estimator, shape_rewards
 from molt_train.config import RLConfig
-from molt_train.data import env_mix, load_rows
+from molt_train.data import env_mix, load_eval_rows, load_rows
 from molt_train.experience import Experience, make_experience
 from molt_train.metrics import MetricsLogger
 from molt_train.placement import in_bundle, plan_placement, reserve
 from molt_train.rollout import RolloutWorker, eval_sampling
-from molt_train.runtime import init_ray
+from molt_train.runtime import cpu_threads, init_ray
 from molt_train.worker_group import WorkerGroup
 
 STATUS_KEYS = {
@@ -77,10 +77,11 @@ class RLTrainer:
                 model_path = str(self.resumed_from / "hf")
             else:  # the base checkpoint + the run's adapter (its hf/ is the merged model)
                 self.adapter_dir = str(self.resumed_from / "adapter")
-        self.eval_rows = load_rows(cfg, cfg.eval.split, cfg.eval.max_samples) if cfg.env else []
+        self.replay = cfg.train.rollout_replay_dir is not None  # no engine, no generation: the dumped batches
+        self.eval_rows = load_eval_rows(cfg) if (cfg.env or cfg.eval.dataset) and not self.replay else []
         self.placement = plan_placement(cfg, ray.cluster_resources().get("GPU", 0), os.cpu_count() or 1)
         self.group = reserve(self.placement)
-        self.rollout = self._start_rollout(model_path, load_rows(cfg))
+        self.rollout = None if self.replay else self._start_rollout(model_path, load_rows(cfg))
         self.steps_per_batch = self._optimizer_steps_per_batch()
         self.policy = WorkerGroup(
             cfg.actor,
@@ -88,12 +89,14 @@ class RLTrainer:
             model_path,
             total_steps=cfg.train.num_steps * self.steps_per_batch,
             num_threads=self.placement.trainer_threads,
+            gpus=self.placement.trainer_gpus,
+            placement=self.group,
+            bundles=self.placement.trainer_bundles,
             lora=self.lora,
             adapter_dir=self.adapter_dir,
-            **self._trainer_slots(),
         )
         if (
-            self.placement.weight_sync == "nccl" and self.lora is None
+            self.placement.weight_sync == "nccl" and self.lora is None and not self.replay
         ):  # trainer rank 0 + the engine's one worker: the weight-sync group
             host, port = ray.get(self.policy.workers[0].node_endpoint.remote())
             ray.get(
@@ -112,7 +115,9 @@ class RLTrainer:
                 trainable=False,
                 num_threads=self.placement.reference_threads,
                 name="ref",
-                **self._trainer_slots(),
+                gpus=self.placement.reference_gpus,
+                placement=self.group,
+                bundles=self.placement.reference_bundles,
             )
         self.critic = None
         if cfg.algo.advantage.estimator == "gae":  # the PPO critic: its own group, on the policy's bundles
@@ -128,7 +133,9 @@ class RLTrainer:
                 name="critic",
                 worker_cls=CriticWorker,
                 critic=cfg.critic,
-                **self._trainer_slots(),
+                gpus=self.placement.trainer_gpus,
+                placement=self.group,
+                bundles=self.placement.trainer_bundles,
             )
         # the ranks build their model in the background: wait for them here (start-up, not the first step's time)
         groups = [g for g in (self.policy, self.reference, self.critic) if g is not None]
@@ -141,7 +148,8 @@ class RLTrainer:
 
         tok = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self._open_queues()
+        if not self.replay:
+            self._open_queues()
         import torch.utils.tensorboard  # noqa: F401  (run()'s MetricsLogger: ~0.2 s to import, start-up time)
 
     def _start_rollout(self, model_path: str, rows: list[dict[str, Any]]) -> Any:
@@ -150,24 +158,15 @@ class RLTrainer:
         import ray
 
         cfg, placement = self.cfg, self.placement
-        agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
-        actor = ray.remote(num_cpus=0, num_gpus=placement.engine_gpus)(RolloutWorker)
-        rollout = actor.options(max_concurrency=1000, **in_bundle(self.group, placement.engine_bundle)).remote(
+        rollout = start_rollout_worker(
+            cfg,
             model_path,
-            env_id=[e.env_id for e in env_mix(cfg)],
-            agent_path=agent_path,
-            max_len=cfg.data.max_len,
-            timeout_s=cfg.rollout.timeout_s,
-            max_batch_size=cfg.rollout.max_batch_size,
+            num_gpus=placement.engine_gpus,
             num_threads=placement.rollout_threads,
-            engine=cfg.rollout.engine,
-            partial_rollout=cfg.train.partial_rollout_enable,
-            top_logprobs=cfg.algo.advantage.score_centering_top_k,
+            options=in_bundle(self.group, placement.engine_bundle),
             lora=self.lora,
             adapter_dir=self.adapter_dir,
         )
-        if cfg.rollout.engine == "vllm":
-            ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed))
         weights = {e.env_id: e.weight for e in env_mix(cfg)} if not cfg.data.prompt_dataset else None
         ray.get(
             rollout.set_prompts.remote(
@@ -175,10 +174,6 @@ class RLTrainer:
             )
         )
         return rollout
-
-    def _trainer_slots(self) -> dict[str, Any]:
-        """Where the policy's (and the reference's) ranks go: their GPU share and bundles."""
-        return {"gpus": self.placement.trainer_gpus, "placement": self.group, "bundles": self.placement.trainer_bundles}
 
     def _optimizer_steps_per_batch(self) -> int:
         rows = self.cfg.rollout.batch_size * self.cfg.rollout.n_samples_per_prompt
@@ -202,15 +197,19 @@ class RLTrainer:
 
         cfg = self.cfg
         total = cfg.train.num_steps
-        logger = MetricsLogger(self.output_dir, total, self.start_step, cfg.logger.progress, "rl")
+        logger = MetricsLogger(
+            self.output_dir, total, self.start_step, cfg.logger.progress, "rl", cfg.logger, dataclasses.asdict(cfg)
+        )
         status = dict(STATUS_KEYS) | {
             e.env_id.rsplit("/", 1)[-1]: f"rollout/{e.env_id}/reward_mean" for e in env_mix(cfg)
         }
         r = cfg.rollout
         sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_tokens": r.max_new_tokens}
-        self.producer = producer = self.rollout.produce.remote(
-            self.queue, self.slots, self.start_step, total, sampling, r.n_samples_per_prompt, cfg.train.seed
-        )
+        producer = None
+        if not self.replay:
+            self.producer = producer = self.rollout.produce.remote(
+                self.queue, self.slots, self.start_step, total, sampling, r.n_samples_per_prompt, cfg.train.seed
+            )
         last: dict[str, float] = {}
         try:
             if cfg.eval.eval_at_start and self.start_step == 0 and self.eval_rows:
@@ -222,12 +221,15 @@ class RLTrainer:
                 if cfg.ckpt.save_steps and step % cfg.ckpt.save_steps == 0 and step < total:
                     t = time.perf_counter()
                     state = {"data": self.data_state}
-                    checkpoint.save(
+                    saved = checkpoint.save(
                         self.policy, self.output_dir, step, self.tokenizer_path, state, cfg.ckpt.max_num, self.critic
                     )
+                    if cfg.ckpt.save_hf:
+                        checkpoint.keep_hf(saved, self.output_dir, step)
                     last["timing/checkpoint_s"] = time.perf_counter() - t
                 logger.log(step, last, status if len(cfg.env) > 1 else STATUS_KEYS)
-            ray.get(producer)
+            if producer is not None:
+                ray.get(producer)
             checkpoint.export_hf(self.policy, self.output_dir, self.tokenizer_path)
         finally:
             logger.close()
@@ -238,15 +240,15 @@ class RLTrainer:
 
         cfg, t_step = self.cfg, time.perf_counter()
         t_wait = time.time()
-        batch = self._next_batch()
+        batch = self._next_batch(step - 1)
         metrics: dict[str, float] = {"timing/actor_idle_wait": time.time() - t_wait}
         if batch["step"] != step - 1:
             raise RuntimeError(f"rollout queue out of order: expected batch {step - 1}, got {batch['step']}")
-        if not cfg.train.force_sync_mode:
+        if not cfg.train.force_sync_mode and not self.replay:
             self.slots.put(1)  # the next rollout starts now, overlapping this step's training
         self.data_state = batch["data_state"]
         metrics.update(rollout_metrics(batch))
-        sleeping = cfg.rollout.engine == "vllm" and cfg.vllm.enable_sleep
+        sleeping = cfg.rollout.engine == "vllm" and cfg.vllm.enable_sleep and not self.replay
         if sleeping:  # force_sync_mode: nothing is generating until the sync
             t = time.perf_counter()
             ray.get(self.rollout.sleep.remote())
@@ -263,26 +265,34 @@ class RLTrainer:
             t = time.perf_counter()
             ray.get(self.rollout.wake_up.remote())
             metrics["timing/engine_wake_s"] = time.perf_counter() - t
-        metrics.update(self.sync_weights())
-        if cfg.train.force_sync_mode:
+        if not self.replay:
+            metrics.update(self.sync_weights())
+        if cfg.train.force_sync_mode and not self.replay:
             self.slots.put(1)
         metrics["timing/step"] = time.perf_counter() - t_step
         metrics["engine/generated_tokens"] = float(batch["generated_tokens"])
         return metrics
 
-    def _next_batch(self) -> dict[str, Any]:
-        """The next rollout batch; if the producer died instead, its exception is raised here."""
+    def _next_batch(self, index: int) -> dict[str, Any]:
+        """The next rollout batch (``--train.rollout_replay_dir``: dumped batch ``index``); if the producer died
+        instead, its exception is raised here. ``--train.rollout_dump_dir`` keeps a copy of each."""
+        if self.replay:
+            return rollout_dump.read(self.cfg.train.rollout_replay_dir, index)
         import ray
         from ray.util.queue import Empty
 
         while True:
             try:
-                return ray.get(self.queue.get(timeout=1.0)[0])  # [a reference to the batch]
+                batch = ray.get(self.queue.get(timeout=1.0)[0])  # [a reference to the batch]
+                break
             except Empty:
                 done, _ = ray.wait([self.producer], timeout=0)
                 if done:
                     ray.get(done[0])  # raises the producer's error
                     raise RuntimeError("the rollout producer finished early; no batch is coming") from None
+        if self.cfg.train.rollout_dump_dir:
+            rollout_dump.write(self.cfg.train.rollout_dump_dir, batch)
+        return batch
 
     def prepare(self, exp: Experience) -> tuple[Experience, dict[str, float]]:
         """Reward shaping, dynamic filtering, pi_old / reference log-probs and advantages."""
@@ -386,12 +396,98 @@ class RLTrainer:
             if group is not None:
                 group.shutdown()
         try:
-            if self.cfg.rollout.engine == "vllm":
-                ray.get(self.rollout.shutdown.remote(), timeout=60)  # vLLM's engine-core process
+            if (self.cfg.rollout.engine == "vllm" or self.cfg.judge.enabled) and self.rollout is not None:
+                ray.get(self.rollout.shutdown.remote(), timeout=60)  # vLLM's engine-core process, the judge server
         finally:
-            ray.kill(self.rollout)
+            if self.rollout is not None:
+                ray.kill(self.rollout)
         if self.group is not None:
             ray.util.remove_placement_group(self.group)
+
+
+def start_rollout_worker(
+    cfg: RLConfig,
+    model_path: str,
+    *,
+    num_gpus: float,
+    num_threads: int,
+    options: dict[str, Any],
+    lora: Any = None,
+    adapter_dir: str | None = None,
+) -> Any:
+    """The ``RolloutWorker`` Ray actor of ``cfg``'s engine and agent, its engine started (vLLM sizes its KV cache
+    before anything else allocates).
+
+    Args:
+        cfg: the run's config (engine, agent, ``--algo.advantage.score_centering_top_k``'s top-k log-probs, judge).
+        model_path: the checkpoint the engine serves (a LoRA run: the base model).
+        num_gpus / num_threads / options: the actor's GPU share, torch CPU threads and Ray options (its bundle).
+        lora: a LoRA run's ``--model.*`` group (the engine serves the policy's adapters), else None.
+        adapter_dir: a resumed LoRA run's PEFT adapter directory, served from the first request; else None.
+
+    Returns:
+        The actor handle.
+    """
+    import ray
+
+    agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
+    actor = ray.remote(num_cpus=0, num_gpus=num_gpus)(RolloutWorker)
+    rollout = actor.options(max_concurrency=1000, **options).remote(
+        model_path,
+        env_id=[e.env_id for e in env_mix(cfg)],
+        agent_path=agent_path,
+        max_len=cfg.data.max_len,
+        timeout_s=cfg.rollout.timeout_s,
+        max_batch_size=cfg.rollout.max_batch_size,
+        num_threads=num_threads,
+        engine=cfg.rollout.engine,
+        partial_rollout=cfg.train.partial_rollout_enable,
+        top_logprobs=cfg.algo.advantage.score_centering_top_k,
+        lora=lora,
+        adapter_dir=adapter_dir,
+    )
+    if cfg.rollout.engine == "vllm":
+        ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed))
+    if cfg.judge.enabled:
+        ray.get(rollout.start_judge.remote(cfg.judge))
+    return rollout
+
+
+def evaluate_once(cfg: RLConfig) -> dict[str, float]:
+    """``--eval.eval_only``: score ``--actor.model_name_or_path`` on the eval rows through the rollout engine and
+    nothing else (no trainer ranks, no reference, no placement group: the vllm engine takes one whole GPU). Writes
+    ``metrics.jsonl`` (step 0) and ``eval_results.json`` under ``--ckpt.output_dir``; returns the ``eval/*``
+    metrics."""
+    import ray
+
+    output_dir = Path(cfg.ckpt.output_dir).resolve()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    init_ray(cfg.ray)
+    model_path = str(Path(cfg.actor.model_name_or_path).resolve())
+    gpus = 1.0 if cfg.rollout.engine == "vllm" else 0.0
+    rollout = start_rollout_worker(
+        cfg, model_path, num_gpus=gpus, num_threads=cpu_threads(cfg.actor.num_threads, 1), options={}
+    )
+    try:
+        t = time.perf_counter()
+        rows = load_eval_rows(cfg)
+        result = ray.get(rollout.evaluate.remote(rows, eval_sampling(cfg), cfg.eval.n_samples_per_prompt))
+        metrics = {f"eval/{k}": v for k, v in result.items()} | {"timing/eval_s": time.perf_counter() - t}
+    finally:
+        try:
+            if cfg.rollout.engine == "vllm" or cfg.judge.enabled:
+                ray.get(rollout.shutdown.remote(), timeout=60)
+        finally:
+            ray.kill(rollout)
+    logger = MetricsLogger(
+        output_dir, 0, progress=False, description="eval", logger=cfg.logger, config=dataclasses.asdict(cfg)
+    )
+    logger.log(0, metrics)
+    logger.close()
+    source = {"dataset": cfg.eval.dataset} if cfg.eval.dataset else {"split": cfg.eval.split}
+    record = {"env": cfg.env, "model": model_path, **source, "sampling": eval_sampling(cfg), **metrics}
+    (output_dir / "eval_results.json").write_text(json.dumps(record, indent=1))
+    return metrics
 
 
 def shape_and_filter(exp: Experience, cfg: RLConfig) -> tuple[Experience, dict[str, float]]:
@@ -455,6 +551,10 @@ def rollout_metrics(batch: dict[str, Any]) -> dict[str, float]:
         mine = [t for t, e in zip(batch["trajectories"], envs, strict=True) if e == env]
         figures = _rollout_figures(mine, counts["dropped"]) | {"num_rollouts": float(counts["num_rollouts"])}
         metrics.update({f"rollout/{env}/{k}": v for k, v in figures.items()})
+    judge = batch.get("judge")
+    if judge is not None:  # --judge.*: the batch's LLM-as-judge calls (never trained on)
+        metrics.update({f"judge/{k}": v for k, v in judge.items() if k != "seconds"})
+        metrics["judge/latency_s_mean"] = judge["seconds"] / max(judge["calls"], 1)
     metrics.update(
         {
             "timing/rollout_s": batch["end"] - batch["start"],
@@ -489,4 +589,11 @@ def _rollout_figures(trajs: list[Any], dropped: dict[str, int]) -> dict[str, flo
     return metrics
 
 
-__all__ = ["RLTrainer", "estimate_advantages", "rollout_metrics", "shape_and_filter"]
+__all__ = [
+    "RLTrainer",
+    "estimate_advantages",
+    "evaluate_once",
+    "rollout_metrics",
+    "shape_and_filter",
+    "start_rollout_worker",
+]

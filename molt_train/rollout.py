@@ -28,7 +28,7 @@ import torch
 
 from molt_envs import SamplingParams, Trajectory, load_agent_runner
 from molt_envs.vision import text_tokenizer
-from molt_train.data import MixSampler, env_mix, load_rows
+from molt_train.data import MixSampler, env_mix, load_eval_rows
 from molt_train.engines.hf import HFEngine
 from molt_train.experience import as_trajectories, drop_reason, estimator_group
 
@@ -100,6 +100,27 @@ class RolloutWorker:
         self.top_logprobs, self.lora, self.adapter_dir = top_logprobs, lora, adapter_dir
         self.rows: list[dict[str, Any]] = []
         self.sampler: MixSampler | None = None
+        self.judge_server: Any = None  # start_judge
+
+    async def start_judge(self, judge: Any) -> str:
+        """Serve LLM-as-judge calls (the ``--judge.*`` group, ``JudgeConfig``) from this actor's loop: through the
+        rollout engine itself (``policy``: the current policy, weight syncs reach it) or a frozen judge model on an hf
+        engine of its own. Every episode's runner gets a ``JudgeClient`` for the endpoint; returns its base URL."""
+        from molt_envs.judge import JudgeClient
+        from molt_envs.session_server import SessionServer
+
+        if judge.model_name_or_path:
+            engine = await asyncio.to_thread(HFEngine.from_pretrained, str(judge.model_name_or_path))
+            tokenizer = engine.tokenizer
+        else:
+            engine, tokenizer = self.engine, self.tokenizer
+        self.judge_server = SessionServer(engine, tokenizer, model_name="judge", max_length=self.max_len)
+        root = await self.judge_server.start()
+        client = JudgeClient(base_url=f"{root}/judge/v1", timeout_s=judge.timeout_s, max_tokens=judge.max_new_tokens)
+        for runner in [self.runner, *self.runners.values()]:  # one client: its counters cover every env
+            if runner is not None:
+                runner.judge = client
+        return client.base_url
 
     async def start_vllm(self, options: Any, seed: int) -> None:
         """Start the vLLM engine (the ``--vllm.*`` group, ``VLLMConfig``) on the loop that will generate from it;
@@ -146,6 +167,7 @@ class RolloutWorker:
                 params_j = base.updated(seed=episode_seed(seed, step, i, j))
                 jobs.append(self._episode(self.rows[i], params_j, f"{step}:{env}:{i}" if env else f"{step}:{i}"))
                 envs.append(env)
+        judge = self.runner.judge.stats.snapshot() if self.runner.judge is not None else None
         async with self._whole_batch():
             results = await asyncio.gather(*jobs)
         if self.top_logprobs:  # what no kept trajectory claimed (failed episodes, evaluation)
@@ -165,7 +187,7 @@ class RolloutWorker:
                 dropped[reason] = dropped.get(reason, 0) + 1
                 if env is not None:
                     counts["dropped"][reason] = counts["dropped"].get(reason, 0) + 1
-        return {
+        batch = {
             "step": step,
             "trajectories": kept,
             "trajectory_envs": kept_envs,
@@ -176,6 +198,9 @@ class RolloutWorker:
             "start": start,
             "end": time.time(),
         }
+        if judge is not None:  # this batch's judge calls (an eval running meanwhile adds its own)
+            batch["judge"] = {k: v - judge[k] for k, v in self.runner.judge.stats.snapshot().items()}
+        return batch
 
     async def _episode(
         self, row: dict[str, Any], params: SamplingParams, group_id: str
@@ -365,7 +390,9 @@ class RolloutWorker:
     async def wake_up(self) -> None:
         await self.engine.wake_up()
 
-    def shutdown(self) -> None:
+    async def shutdown(self) -> None:
+        if self.judge_server is not None:
+            await self.judge_server.stop()
         if hasattr(self.engine, "shutdown"):  # vllm: its engine-core process
             self.engine.shutdown()
 
@@ -392,8 +419,13 @@ def raise_if_unequal(problems: list[str], checked: int) -> int:
 
 
 def eval_sampling(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> dict[str, Any]:
-    """Sampling at evaluation: ``--eval.temperature`` (0 = greedy) and ``--eval.max_new_tokens`` (or the rollout's)."""
-    return {"temperature": cfg.eval.temperature, "max_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens}
+    """Sampling at evaluation: ``--eval.temperature`` (0 = greedy), ``--eval.top_p`` and ``--eval.max_new_tokens``
+    (unset ones: the rollout's)."""
+    return {
+        "temperature": cfg.eval.temperature,
+        "top_p": cfg.eval.top_p if cfg.eval.top_p is not None else cfg.rollout.top_p,
+        "max_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+    }
 
 
 def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Path) -> dict[str, float]:
@@ -407,5 +439,5 @@ def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Pa
         timeout_s=cfg.rollout.timeout_s,
         max_batch_size=cfg.rollout.max_batch_size,
     )
-    rows = load_rows(cfg, cfg.eval.split, cfg.eval.max_samples)
+    rows = load_eval_rows(cfg)
     return asyncio.run(worker.evaluate(rows, eval_sampling(cfg), cfg.eval.n_samples_per_prompt))

@@ -11,6 +11,7 @@ processor, for a vision model).
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 from typing import Any
@@ -86,7 +87,9 @@ class SFTTrainer:
     def run(self) -> Path:
         """Train ``--train.num_steps`` steps; returns the exported model directory."""
         cfg, total = self.cfg, self.cfg.train.num_steps
-        logger = MetricsLogger(self.output_dir, total, self.start_step, cfg.logger.progress, "sft")
+        logger = MetricsLogger(
+            self.output_dir, total, self.start_step, cfg.logger.progress, "sft", cfg.logger, dataclasses.asdict(cfg)
+        )
         try:
             for step in range(self.start_step + 1, total + 1):
                 t = time.perf_counter()

@@ -137,6 +137,11 @@ class HFEngine:
         queue = self._queue
         while True:
             batch = [await queue.get()]
+            # what is queued already is taken first, without a clock: a batch's rows (and so its padding and float
+            # rounding) then do not depend on how fast this loop runs, e.g. when all the episodes of a rollout step
+            # queued their first turn at once; the window only waits for requests that have not arrived yet
+            while len(batch) < self.max_batch_size and not queue.empty():
+                batch.append(queue.get_nowait())
             deadline = time.monotonic() + self.batch_window_s
             while len(batch) < self.max_batch_size:
                 remaining = deadline - time.monotonic()

@@ -49,7 +49,7 @@ from molt_envs.vision import MAX_IMAGES, VisionInputs
 from molt_train.engines.weight_buckets import BUCKET_BYTES, pack, plan_buckets, share
 
 if TYPE_CHECKING:
-    from molt_train.config import VLLMConfig
+    from molt_train.engine_config import VLLMConfig
 
 WORKER_EXTENSION = "molt_train.engines.vllm_worker.WeightSyncExtension"
 VLLM_INSTALL_HINT = (
