@@ -553,6 +553,12 @@ def _validate_lora(cfg: RLConfig | SFTConfig) -> None:
         )
     if model.lora_alpha <= 0:
         raise ConfigError(f"--model.lora_alpha must be > 0 with --model.lora_dim, got {model.lora_alpha}")
+    if cfg.rollout.engine == "vllm" and cfg.train.check_weight_update_equal:
+        raise ConfigError(
+            "--train.check_weight_update_equal compares the engine's parameters with the trainer's, but with "
+            "--model.lora_dim the vllm engine keeps the base weights and serves the adapter directory the trainer "
+            "writes: drop --train.check_weight_update_equal (the hf engine's LoRA sync is checked)"
+        )
     if cfg.actor.adam.lr < 1e-4:
         logging.getLogger(__name__).warning(
             "--model.lora_dim %d with --actor.adam.lr %g: adapters need a LoRA-scale learning rate (1e-4 and up)",

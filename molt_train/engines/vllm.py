@@ -292,8 +292,9 @@ class VLLMEngine:
         return await self._exclusive_sync(load)
 
     async def load_lora_adapter(self, adapter_dir: str) -> int:
-        """LoRA runs: serve the PEFT adapter in ``adapter_dir`` (the trainer's current one) from now on; requests in
-        flight finish on the previous adapter unless paused. Returns the adapter's bytes."""
+        """LoRA runs: serve the PEFT adapter in ``adapter_dir`` (the trainer's current one) to requests submitted
+        from now on; requests in flight (paused ones too) keep the adapter they were submitted with. Returns the
+        adapter's bytes."""
         from vllm.lora.request import LoRARequest
 
         path = Path(adapter_dir)

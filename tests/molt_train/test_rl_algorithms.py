@@ -257,6 +257,10 @@ def test_rl_with_lora_syncs_only_the_adapters_and_checks_them(ray_local, student
     [
         (["--model.lora_dim", "4", "--actor.backend", "automodel"], "--actor.backend automodel is not supported"),
         (["--model.lora_target_modules", "*.q_proj"], "needs --model.lora_dim > 0"),
+        (
+            ["--model.lora_dim", "4", "--rollout.engine", "vllm", "--train.check_weight_update_equal"],
+            "drop --train.check_weight_update_equal",
+        ),
     ],
 )
 def test_lora_refusals_name_the_flags(argv, message, capsys):
