@@ -2,7 +2,8 @@
 queue, on the actors ``placement.plan_placement`` places.
 
 The actors: one ``RolloutWorker`` (the rollout engine + the agent runner), a ``WorkerGroup`` of FSDP2 policy ranks,
-and a frozen reference group only with ``--algo.kl.ref model``. Two ``ray.util.queue.Queue``s of size Q
+a frozen reference group only with ``--algo.kl.ref model`` (the teacher of ``on_policy_distill``), and a critic group
+(``CriticWorker``) only with ``gae``. Two ``ray.util.queue.Queue``s of size Q
 (``--train.async_queue_size``) connect rollout and training: the producer takes a slot, generates batch k, puts it
 on the rollout queue. The controller takes batch k and returns the slot at once, so rollout of step k+1 overlaps
 training of step k (Q=1 is one step stale); ``--train.force_sync_mode`` returns the slot only after the weight
@@ -22,6 +23,7 @@ import dataclasses
 import json
 import math
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,8 @@ from typing import Any
 import torch
 
 from molt_train import checkpoint, rollout_dump
+from molt_train import lora as lora_adapters
+from molt_train.algo_config import check_teacher_tokenizer
 from molt_train.algorithms import AdvantageInputs, approx_kl, dynamic_filtering, get_estimator, shape_rewards
 from molt_train.config import RLConfig
 from molt_train.data import env_mix, load_eval_rows, load_rows
@@ -56,16 +60,23 @@ class RLTrainer:
         self.cfg = cfg
         self.output_dir = Path(cfg.ckpt.output_dir).resolve()
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        if cfg.algo.advantage.estimator == "on_policy_distill":
+            check_teacher_tokenizer(cfg.actor.model_name_or_path, cfg.ref.model_name_or_path)
         (self.output_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
         init_ray(cfg.ray)
         self.start_step, model_path = 0, str(Path(cfg.actor.model_name_or_path).resolve())
         self.tokenizer_path = model_path
         self.resumed_from = checkpoint.latest(self.output_dir) if cfg.ckpt.load_enable else None
         self.data_state: dict[str, Any] | None = None  # each env's data position after the last batch trained on
+        self.lora = cfg.model if lora_adapters.enabled(cfg.model) else None
+        self.adapter_dir = None
         if self.resumed_from is not None:
             state = checkpoint.read_state(self.resumed_from)
             self.start_step, self.data_state = state["step"], state.get("data")
-            model_path = str(self.resumed_from / "hf")
+            if self.lora is None:
+                model_path = str(self.resumed_from / "hf")
+            else:  # the base checkpoint + the run's adapter (its hf/ is the merged model)
+                self.adapter_dir = str(self.resumed_from / "adapter")
         self.replay = cfg.train.rollout_replay_dir is not None  # no engine, no generation: the dumped batches
         self.eval_rows = load_eval_rows(cfg) if (cfg.env or cfg.eval.dataset) and not self.replay else []
         self.placement = plan_placement(cfg, ray.cluster_resources().get("GPU", 0), os.cpu_count() or 1)
@@ -81,9 +92,11 @@ class RLTrainer:
             gpus=self.placement.trainer_gpus,
             placement=self.group,
             bundles=self.placement.trainer_bundles,
+            lora=self.lora,
+            adapter_dir=self.adapter_dir,
         )
         if (
-            self.placement.weight_sync == "nccl" and not self.replay
+            self.placement.weight_sync == "nccl" and self.lora is None and not self.replay
         ):  # trainer rank 0 + the engine's one worker: the weight-sync group
             host, port = ray.get(self.policy.workers[0].node_endpoint.remote())
             ray.get(
@@ -106,10 +119,31 @@ class RLTrainer:
                 placement=self.group,
                 bundles=self.placement.reference_bundles,
             )
+        self.critic = None
+        if cfg.algo.advantage.estimator == "gae":  # the PPO critic: its own group, on the policy's bundles
+            from molt_train.critic_worker import CriticWorker
+
+            critic_path = cfg.critic.model_name_or_path or cfg.actor.model_name_or_path
+            self.critic = WorkerGroup(
+                cfg.actor,
+                cfg.train,
+                str(Path(critic_path).resolve()),
+                total_steps=cfg.train.num_steps * self.steps_per_batch,
+                num_threads=self.placement.reference_threads,
+                name="critic",
+                worker_cls=CriticWorker,
+                critic=cfg.critic,
+                gpus=self.placement.trainer_gpus,
+                placement=self.group,
+                bundles=self.placement.trainer_bundles,
+            )
         # the ranks build their model in the background: wait for them here (start-up, not the first step's time)
-        ray.get([w.__ray_ready__.remote() for g in (self.policy, self.reference) if g is not None for w in g.workers])
+        groups = [g for g in (self.policy, self.reference, self.critic) if g is not None]
+        ray.get([w.__ray_ready__.remote() for g in groups for w in g.workers])
         if self.resumed_from is not None:
             self.policy.call("load_state", directory=str(self.resumed_from))
+            if self.critic is not None:
+                self.critic.call("load_state", directory=str(self.resumed_from))
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(self.tokenizer_path)
@@ -130,6 +164,8 @@ class RLTrainer:
             num_gpus=placement.engine_gpus,
             num_threads=placement.rollout_threads,
             options=in_bundle(self.group, placement.engine_bundle),
+            lora=self.lora,
+            adapter_dir=self.adapter_dir,
         )
         weights = {e.env_id: e.weight for e in env_mix(cfg)} if not cfg.data.prompt_dataset else None
         ray.get(
@@ -186,7 +222,7 @@ class RLTrainer:
                     t = time.perf_counter()
                     state = {"data": self.data_state}
                     saved = checkpoint.save(
-                        self.policy, self.output_dir, step, self.tokenizer_path, state, cfg.ckpt.max_num
+                        self.policy, self.output_dir, step, self.tokenizer_path, state, cfg.ckpt.max_num, self.critic
                     )
                     if cfg.ckpt.save_hf:
                         checkpoint.keep_hf(saved, self.output_dir, step)
@@ -269,6 +305,8 @@ class RLTrainer:
             exp.extra["logp_old"] = self.policy.logprobs(exp, self.pad_id, temperature)
         if self.reference is not None:
             exp.extra["logp_ref"] = self.reference.logprobs(exp, self.pad_id, temperature)
+        if self.critic is not None:  # V_old: the values GAE bootstraps from and the value clip is around
+            exp.extra["values"] = self.critic.per_token("values", exp, self.pad_id)
         metrics.update(estimate_advantages(exp, cfg))
         return exp, metrics
 
@@ -285,6 +323,10 @@ class RLTrainer:
             for s in range(0, n, per_step):
                 window = exp.select(order[s : s + per_step])
                 out = self.policy.train_step(window, self.pad_id, cfg.algo, cfg.sampling_temperature)
+                if self.critic is not None:
+                    critic = self.critic.train_step(window, self.pad_id)
+                    out.update({f"critic/{k}": v for k, v in critic.items() if "/" not in k})
+                    out.update({k: v for k, v in critic.items() if k.startswith("critic/")})
                 for k, v in out.items():
                     totals[k] = totals.get(k, 0.0) + v
                 count += 1
@@ -301,8 +343,14 @@ class RLTrainer:
         import ray
 
         t, check, vllm = time.perf_counter(), self.cfg.train.check_weight_update_equal, self.cfg.vllm
-        if self.placement.weight_sync == "object_store":
-            refs = self.policy.call_async("full_state_dict")
+        if self.lora is not None and self.cfg.rollout.engine == "vllm":  # the engine loads the adapter directory
+            self.sync_version = getattr(self, "sync_version", 0) + 1
+            directory = self.output_dir / "lora_sync" / f"v{self.sync_version}"
+            self.policy.call("save_adapter", directory=str(directory))
+            timing = ray.get(self.rollout.load_lora_adapter.remote(str(directory / "adapter")))
+            shutil.rmtree(self.output_dir / "lora_sync" / f"v{self.sync_version - 2}", ignore_errors=True)
+        elif self.placement.weight_sync == "object_store":  # LoRA: the adapters only
+            refs = self.policy.call_async("adapter_state_dict" if self.lora is not None else "full_state_dict")
             timing = ray.get(self.rollout.update_weights.remote(refs[0], check=check))
             ray.get(refs)
         elif self.placement.weight_sync == "nccl":  # rank 0 broadcasts while the engine receives
@@ -344,7 +392,7 @@ class RLTrainer:
     def shutdown(self) -> None:
         import ray
 
-        for group in (self.policy, self.reference):
+        for group in (self.policy, self.reference, self.critic):
             if group is not None:
                 group.shutdown()
         try:
@@ -358,10 +406,28 @@ class RLTrainer:
 
 
 def start_rollout_worker(
-    cfg: RLConfig, model_path: str, *, num_gpus: float, num_threads: int, options: dict[str, Any]
+    cfg: RLConfig,
+    model_path: str,
+    *,
+    num_gpus: float,
+    num_threads: int,
+    options: dict[str, Any],
+    lora: Any = None,
+    adapter_dir: str | None = None,
 ) -> Any:
     """The ``RolloutWorker`` Ray actor of ``cfg``'s engine and agent, its engine started (vLLM sizes its KV cache
-    before anything else allocates)."""
+    before anything else allocates).
+
+    Args:
+        cfg: the run's config (engine, agent, ``--algo.advantage.score_centering_top_k``'s top-k log-probs, judge).
+        model_path: the checkpoint the engine serves (a LoRA run: the base model).
+        num_gpus / num_threads / options: the actor's GPU share, torch CPU threads and Ray options (its bundle).
+        lora: a LoRA run's ``--model.*`` group (the engine serves the policy's adapters), else None.
+        adapter_dir: a resumed LoRA run's PEFT adapter directory, served from the first request; else None.
+
+    Returns:
+        The actor handle.
+    """
     import ray
 
     agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
@@ -376,6 +442,9 @@ def start_rollout_worker(
         num_threads=num_threads,
         engine=cfg.rollout.engine,
         partial_rollout=cfg.train.partial_rollout_enable,
+        top_logprobs=cfg.algo.advantage.score_centering_top_k,
+        lora=lora,
+        adapter_dir=adapter_dir,
     )
     if cfg.rollout.engine == "vllm":
         ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed))
@@ -452,7 +521,7 @@ def estimate_advantages(exp: Experience, cfg: RLConfig) -> dict[str, float]:
         policy = exp.extra.get("logp_old", exp.rollout_logp)
         kl = approx_kl(policy, ref, kl_cfg.estimator)
         metrics["kl"] = float((kl * exp.action_mask).sum() / exp.action_mask.sum().clamp(min=1))
-    exp.advantages, _ = get_estimator(adv.estimator)(
+    exp.advantages, returns = get_estimator(adv.estimator)(
         AdvantageInputs(
             rewards=exp.rewards,
             action_mask=exp.action_mask,
@@ -462,8 +531,12 @@ def estimate_advantages(exp: Experience, cfg: RLConfig) -> dict[str, float]:
             kl_coef=kl_cfg.init_coef if cfg.kl_as_reward else 0.0,
             gamma=adv.gamma,
             no_whiten=adv.no_whiten,
+            values=exp.extra.get("values"),
+            lam=adv.lam,
         )
     )
+    if "values" in exp.extra:  # the critic's targets
+        exp.extra["returns"] = returns
     metrics["advantage/abs_mean"] = float(exp.advantages.abs().sum() / exp.action_mask.sum().clamp(min=1))
     return metrics
 

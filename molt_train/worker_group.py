@@ -26,9 +26,12 @@ class WorkerGroup:
         actor: the ``--actor.*`` group, handed to every rank as is.
         train: the ``--train.*`` group (seed, micro-batch limits).
         model_path: the checkpoint the ranks load (the policy's, a resumed one, or the reference's).
-        total_steps: optimizer steps of the run (the LR schedule). trainable: False for the frozen reference.
+        total_steps: optimizer steps of the run (the LR schedule).
         gpus: each rank's share of a GPU (0: CPU); placement / bundles: the Ray placement group and the bundle of
             each rank (rank i in ``bundles[i]``), or None.
+        worker_cls: the rank's class, ``PolicyWorker`` or ``CriticWorker``; ``options``: its own keyword
+            arguments (``PolicyWorker``: ``trainable=False`` for the frozen reference, ``lora`` / ``adapter_dir``;
+            ``CriticWorker``: ``critic``).
     """
 
     def __init__(
@@ -38,12 +41,13 @@ class WorkerGroup:
         model_path: str,
         *,
         total_steps: int = 1,
-        trainable: bool = True,
         num_threads: int = 0,
         gpus: float = 0.0,
         placement: Any = None,
         bundles: tuple[int, ...] = (),
         name: str = "policy",
+        worker_cls: type = PolicyWorker,
+        **options: Any,
     ) -> None:
         import ray
 
@@ -53,7 +57,7 @@ class WorkerGroup:
         # the rendezvous lives on rank 0's node: a task in its bundle picks the port there (the driver's without one)
         probe = ray.remote(num_cpus=0)(free_port).options(**in_bundle(placement, bundle.get(0)))
         addr, port = ray.get(probe.remote()) if placement is not None else free_port()
-        remote = ray.remote(num_cpus=0, num_gpus=gpus)(PolicyWorker)
+        remote = ray.remote(num_cpus=0, num_gpus=gpus)(worker_cls)
         self.workers = [
             remote.options(**in_bundle(placement, bundle.get(rank))).remote(
                 rank,
@@ -64,8 +68,8 @@ class WorkerGroup:
                 model_path,
                 seed=train.seed,
                 total_steps=total_steps,
-                trainable=trainable,
                 num_threads=num_threads,
+                **options,
             )
             for rank in range(ranks)
         ]
@@ -92,8 +96,13 @@ class WorkerGroup:
 
     def logprobs(self, exp: Experience, pad_id: int, temperature: float) -> torch.Tensor:
         """Forward-only log-probs of every row, (N, L-1), computed across the ranks."""
+        return self.per_token("logprobs", exp, pad_id, temperature=temperature)
+
+    def per_token(self, method: str, exp: Experience, pad_id: int, **same: Any) -> torch.Tensor:
+        """A forward-only per-position ``method`` of the ranks (``logprobs``, the critic's ``values``) over every
+        row of ``exp``, (N, L-1)."""
         plan, per_rank = spread(exp, pad_id, len(self.workers), self.train)
-        outputs = self.call("logprobs", per_rank, temperature=temperature)
+        outputs = self.call(method, per_rank, **same)
         result = torch.zeros(exp.action_mask.shape)
         for micros, outs in zip(plan, outputs, strict=True):
             for rows, out in zip(micros, outs, strict=True):
