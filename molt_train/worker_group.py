@@ -27,9 +27,12 @@ class WorkerGroup:
         actor: the ``--actor.*`` group, handed to every rank as is.
         train: the ``--train.*`` group (seed, micro-batch limits).
         model_path: the checkpoint the ranks load (the policy's, a resumed one, or the reference's).
-        total_steps: optimizer steps of the run (the LR schedule). trainable: False for the frozen reference.
-        gpus: each rank's share of a GPU (0: CPU). options: rank -> its Ray ``.options(...)`` (a placement-group
+        total_steps: optimizer steps of the run (the LR schedule).
+        gpus: each rank's share of a GPU (0: CPU). place: rank -> its Ray ``.options(...)`` (a placement-group
             bundle, a node); default: CPU ranks on the driver's node.
+        worker_cls: the rank's class, ``PolicyWorker`` or ``CriticWorker``; ``options``: its own keyword
+            arguments (``PolicyWorker``: ``trainable=False`` for the frozen reference, ``lora`` / ``adapter_dir``;
+            ``CriticWorker``: ``critic``).
     """
 
     def __init__(
@@ -39,25 +42,26 @@ class WorkerGroup:
         model_path: str,
         *,
         total_steps: int = 1,
-        trainable: bool = True,
         num_threads: int = 0,
         gpus: float = 0.0,
-        options: Callable[[int], dict[str, Any]] | None = None,
+        place: Callable[[int], dict[str, Any]] | None = None,
         name: str = "policy",
+        worker_cls: type = PolicyWorker,
+        **options: Any,
     ) -> None:
         import ray
 
         self.name, self.actor, self.train = name, actor, train
         ranks = actor.num_workers
-        if options is None:  # CPU ranks on the driver's node; GPU ranks where Ray finds their GPUs
+        if place is None:  # CPU ranks on the driver's node; GPU ranks where Ray finds their GPUs
             pinned = on_this_node() if gpus == 0 else {}
-            options = lambda rank: pinned  # noqa: E731
+            place = lambda rank: pinned  # noqa: E731
         # the rendezvous lives on rank 0's node: a task scheduled as rank 0 is picks the port there
-        first = options(0)
+        first = place(0)
         addr, port = ray.get(ray.remote(num_cpus=0)(free_port).options(**first).remote()) if first else free_port()
-        remote = ray.remote(num_cpus=0, num_gpus=gpus)(PolicyWorker)
+        remote = ray.remote(num_cpus=0, num_gpus=gpus)(worker_cls)
         self.workers = [
-            remote.options(**options(rank)).remote(
+            remote.options(**place(rank)).remote(
                 rank,
                 ranks,
                 addr,
@@ -66,8 +70,8 @@ class WorkerGroup:
                 model_path,
                 seed=train.seed,
                 total_steps=total_steps,
-                trainable=trainable,
                 num_threads=num_threads,
+                **options,
             )
             for rank in range(ranks)
         ]
@@ -94,8 +98,13 @@ class WorkerGroup:
 
     def logprobs(self, exp: Experience, pad_id: int, temperature: float) -> torch.Tensor:
         """Forward-only log-probs of every row, (N, L-1), computed across the ranks."""
+        return self.per_token("logprobs", exp, pad_id, temperature=temperature)
+
+    def per_token(self, method: str, exp: Experience, pad_id: int, **same: Any) -> torch.Tensor:
+        """A forward-only per-position ``method`` of the ranks (``logprobs``, the critic's ``values``) over every
+        row of ``exp``, (N, L-1)."""
         plan, per_rank = spread(exp, pad_id, len(self.workers), self.train)
-        outputs = self.call("logprobs", per_rank, temperature=temperature)
+        outputs = self.call(method, per_rank, **same)
         result = torch.zeros(exp.action_mask.shape)
         for micros, outs in zip(plan, outputs, strict=True):
             for rows, out in zip(micros, outs, strict=True):
