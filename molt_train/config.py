@@ -187,6 +187,12 @@ class RolloutConfig:
     top_k: int = option(-1, "top-k sampling (-1 = off)", commands=RL)
     timeout_s: float = option(600.0, "an episode running longer is dropped as 'timeout'", minimum=0)
     max_batch_size: int = option(256, "sequences the hf engine decodes together", minimum=1)
+    num_workers: int = option(
+        1,
+        "rollout actors (hf engine + runner each) spread over the nodes; they split each batch",
+        minimum=1,
+        commands=RL,
+    )
 
 
 @dataclass(frozen=True)

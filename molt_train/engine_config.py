@@ -67,6 +67,8 @@ def validate_engine(cfg: RLConfig) -> None:
         )
     if engine != "vllm":
         return
+    if cfg.rollout.num_workers != 1:
+        raise ConfigError(f"--rollout.num_workers {cfg.rollout.num_workers} needs --rollout.engine hf")
     parallel = (vllm.tensor_parallel_size, vllm.data_parallel_size)
     if parallel != (1, 1):
         raise ConfigError(

@@ -100,6 +100,7 @@ class RolloutWorker:
         self.top_logprobs, self.lora, self.adapter_dir = top_logprobs, lora, adapter_dir
         self.rows: list[dict[str, Any]] = []
         self.sampler: MixSampler | None = None
+        self.shard, self.shards = 0, 1
         self.judge_server: Any = None  # start_judge
 
     async def start_judge(self, judge: Any) -> str:
@@ -142,10 +143,14 @@ class RolloutWorker:
         weights: dict[str | None, float] | None = None,
         state: dict[str, Any] | None = None,
         start: int = 0,
+        shard: int = 0,
+        shards: int = 1,
     ) -> None:
         """The rows batches are drawn from, by env ``weights`` (``MixSampler``; ``state`` at batch ``start`` when
-        resuming)."""
+        resuming); this worker generates every ``shards``-th prompt of a batch, from ``shard`` on (one of
+        ``--rollout.num_workers``). Rows arrive through Ray, so no node reads the driver's dataset files."""
         self.rows, self.sampler = rows, MixSampler(rows, weights, batch_size, seed, state, start)
+        self.shard, self.shards = shard, shards
 
     async def connect(self, *queues: Any) -> None:
         """Reach each ``ray.util.queue.Queue`` once: the first call from this actor to a queue actor waits for that
@@ -161,7 +166,7 @@ class RolloutWorker:
         start = time.time()
         base = SamplingParams(**params)
         jobs, envs = [], []
-        for i in self.sampler.batch(step):
+        for i in self.sampler.batch(step)[self.shard :: self.shards]:
             env = self.rows[i].get("env")
             for j in range(n_samples):
                 params_j = base.updated(seed=episode_seed(seed, step, i, j))

@@ -7,12 +7,13 @@ and ``--train.max_tokens_per_gpu``; the loss denominators of the whole optimizer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from molt_train.experience import Experience, micro_batch, plan_micro_batches
-from molt_train.placement import in_bundle
+from molt_train.placement import on_this_node
 from molt_train.policy_worker import PolicyWorker, free_port
 
 if TYPE_CHECKING:
@@ -27,8 +28,8 @@ class WorkerGroup:
         train: the ``--train.*`` group (seed, micro-batch limits).
         model_path: the checkpoint the ranks load (the policy's, a resumed one, or the reference's).
         total_steps: optimizer steps of the run (the LR schedule).
-        gpus: each rank's share of a GPU (0: CPU); placement / bundles: the Ray placement group and the bundle of
-            each rank (rank i in ``bundles[i]``), or None.
+        gpus: each rank's share of a GPU (0: CPU). place: rank -> its Ray ``.options(...)`` (a placement-group
+            bundle, a node); default: CPU ranks on the driver's node.
         worker_cls: the rank's class, ``PolicyWorker`` or ``CriticWorker``; ``options``: its own keyword
             arguments (``PolicyWorker``: ``trainable=False`` for the frozen reference, ``lora`` / ``adapter_dir``;
             ``CriticWorker``: ``critic``).
@@ -43,8 +44,7 @@ class WorkerGroup:
         total_steps: int = 1,
         num_threads: int = 0,
         gpus: float = 0.0,
-        placement: Any = None,
-        bundles: tuple[int, ...] = (),
+        place: Callable[[int], dict[str, Any]] | None = None,
         name: str = "policy",
         worker_cls: type = PolicyWorker,
         **options: Any,
@@ -53,13 +53,15 @@ class WorkerGroup:
 
         self.name, self.actor, self.train = name, actor, train
         ranks = actor.num_workers
-        bundle = dict(enumerate(bundles))
-        # the rendezvous lives on rank 0's node: a task in its bundle picks the port there (the driver's without one)
-        probe = ray.remote(num_cpus=0)(free_port).options(**in_bundle(placement, bundle.get(0)))
-        addr, port = ray.get(probe.remote()) if placement is not None else free_port()
+        if place is None:  # CPU ranks on the driver's node; GPU ranks where Ray finds their GPUs
+            pinned = on_this_node() if gpus == 0 else {}
+            place = lambda rank: pinned  # noqa: E731
+        # the rendezvous lives on rank 0's node: a task scheduled as rank 0 is picks the port there
+        first = place(0)
+        addr, port = ray.get(ray.remote(num_cpus=0)(free_port).options(**first).remote()) if first else free_port()
         remote = ray.remote(num_cpus=0, num_gpus=gpus)(worker_cls)
         self.workers = [
-            remote.options(**in_bundle(placement, bundle.get(rank))).remote(
+            remote.options(**place(rank)).remote(
                 rank,
                 ranks,
                 addr,
