@@ -66,6 +66,7 @@ class EndpointPolicy(Policy):
         max_retries: SDK retries of 429/5xx/connection failures, with exponential back-off.
         request_timeout_s: one request's timeout.
         max_length: the context budget a ChatAgent is told (``ChatContext.max_length``).
+        use_n: send a single-turn env's samples of one prompt as one request with ``n`` (False: one request each).
     """
 
     generate_reason = "endpoint_error"
@@ -79,6 +80,7 @@ class EndpointPolicy(Policy):
         max_retries: int = 4,
         request_timeout_s: float = 600.0,
         max_length: int = 32768,
+        use_n: bool = True,
     ) -> None:
         if wire not in WIRES:
             raise Error(f"--wire {wire!r} is not supported; choose one of {', '.join(WIRES)}")
@@ -90,7 +92,7 @@ class EndpointPolicy(Policy):
         self.name = f"{self.base_url} model={model_name} wire={wire}"
         self.openai_base, self.root = split_base(self.base_url, wire)
         self.sessions = False  # a molt session server: one session per sample
-        self.n_refused: str | None = None  # why the endpoint is known not to take n
+        self.n_refused: str | None = None if use_n else "use_n=False"  # why n is not sent
         self.counts: dict[str, Counter] = {}  # env id -> requests sent, by kind
         self.http: Any = None
         self.client: Any = None
