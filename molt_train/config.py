@@ -24,6 +24,7 @@ from molt_train.algorithms import ESTIMATORS, IS_LEVELS, IS_MODES, KL_ESTIMATORS
 from molt_train.engines.vllm import VLLM_INSTALL_HINT
 from molt_train.engines.weight_buckets import BUCKET_BYTES
 from molt_train.flags import ConfigError, group, option
+from molt_train.parallel import FSDPConfig, check_fsdp
 
 __all__ = ["COMMANDS", "ConfigError", "EvalCommandConfig", "RLConfig", "SFTConfig", "parse"]
 
@@ -313,6 +314,7 @@ class RLConfig:
     env: str | None = option(None, ENV_HELP)
     ray: RayConfig = group(RayConfig)
     actor: ActorConfig = group(ActorConfig)
+    fsdp: FSDPConfig = group(FSDPConfig)
     ref: RefConfig = group(RefConfig)
     data: DataConfig = group(DataConfig)
     rollout: RolloutConfig = group(RolloutConfig)
@@ -346,6 +348,7 @@ class RLConfig:
             raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
         if self.actor.model_name_or_path is None:
             raise ConfigError("--actor.model_name_or_path is required (e.g. runs/sft/hf from `molt-train sft`)")
+        check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend)
         n = self.rollout.n_samples_per_prompt
         adv, algo, train = self.algo.advantage, self.algo, self.train
         if adv.estimator in GROUP_ESTIMATORS and n < 2:
@@ -476,6 +479,7 @@ class SFTConfig:
     ray: RayConfig = group(RayConfig)
     model: ModelConfig = group(ModelConfig)
     actor: ActorConfig = group(ActorConfig)
+    fsdp: FSDPConfig = group(FSDPConfig)
     data: DataConfig = group(DataConfig)
     train: TrainConfig = group(TrainConfig, num_steps=200, batch_size=64)
     rollout: RolloutConfig = group(RolloutConfig)  # generation limits of the final eval
@@ -494,6 +498,7 @@ class SFTConfig:
             )
         if self.train.batch_size < 1:
             raise ConfigError(f"--train.batch_size must be >= 1, got {self.train.batch_size}")
+        check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend)
         _require_installed(self.actor.backend, "hf")
 
 

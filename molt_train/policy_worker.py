@@ -4,8 +4,9 @@ A transformers causal LM (``--actor.backend``) is sharded with ``fully_shard`` (
 gloo on CPU and NCCL on GPU, and wrapped in a ``LogProbModel``. The worker receives the ``--actor.*`` group itself
 (``ActorConfig``) and, per step, the ``--algo.*`` group (``AlgoConfig``): ``train_step`` runs one optimizer step over
 the worker's micro-batches with ``rl_loss`` (or, without an ``AlgoConfig``, the SFT loss). The loss denominators are
-those of the whole optimizer window (all micro-batches on all ranks), and the loss is scaled by the world size
-because FSDP averages gradients over ranks.
+those of the whole optimizer window (all micro-batches on all data-parallel ranks), and the loss is scaled by the
+data-parallel size because FSDP averages gradients over those ranks. ``--fsdp.*`` (``molt_train.parallel``) adds
+tensor parallelism inside each layer and optimizer offload to the CPU.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from molt_train import parallel
 from molt_train.actor_backend import load_policy_model
 from molt_train.algorithms import aggregate, get_policy_loss, is_correction, kl_loss, mismatch_metrics
 from molt_train.logprob_model import LogProbModel
+from molt_train.parallel import FSDPConfig
 
 if TYPE_CHECKING:
     from molt_train.config import ActorConfig, AlgoConfig
@@ -109,8 +112,8 @@ class PolicyWorker:
         total_steps: int = 1,
         trainable: bool = True,
         num_threads: int = 0,
+        fsdp: FSDPConfig | None = None,
     ) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers.utils import logging
 
@@ -135,12 +138,17 @@ class PolicyWorker:
         precision = MixedPrecisionPolicy(
             param_dtype=getattr(torch, actor.param_dtype) if gpu else None, reduce_dtype=torch.float32
         )
-        mesh = init_device_mesh(self.device.type, (world_size,))
+        fsdp = fsdp or FSDPConfig()
+        mesh = parallel.device_mesh(self.device.type, world_size, fsdp)
+        if fsdp.tp_size > 1:
+            parallel.tensor_parallel(lm, mesh["tp"])
+        self.dp_size, dp_mesh = mesh["dp"].size(), mesh["dp"]
+        shard = {"mp_policy": precision, "offload_policy": parallel.offload_policy(fsdp, pin_memory=gpu)}
         for layer in lm.model.layers:
             if compiled:  # the forward only: FSDP2's hooks around it stay eager
                 layer.forward = torch.compile(layer.forward)
             # one rank: keep the layer's compute-dtype copy from forward to backward (resharding frees nothing)
-            fully_shard(layer, mesh=mesh, mp_policy=precision, reshard_after_forward=world_size > 1)
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=self.dp_size > 1, **shard)
         # a KV cache does not combine with activation checkpointing, compiled layers, or AutoModel's tuple outputs
         self.model = LogProbModel(
             lm,
@@ -148,13 +156,19 @@ class PolicyWorker:
             compile_chunks=compiled,
             share_prefixes=actor.backend == "hf" and not actor.gradient_checkpoint and not compiled,
         )
-        fully_shard(self.model, mesh=mesh, mp_policy=precision)
+        fully_shard(self.model, mesh=dp_mesh, **shard)
         self.optimizer = self.scheduler = None
         self._shared: list[Any] = []  # weight buckets a colocated engine is reading by CUDA IPC
         if trainable:
             adam = actor.adam
+            # the fused multi-tensor step cannot mix the two meshes of a tensor-parallel model
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(), lr=adam.lr, betas=adam.betas, eps=adam.eps, weight_decay=adam.weight_decay
+                self.model.parameters(),
+                lr=adam.lr,
+                betas=adam.betas,
+                eps=adam.eps,
+                weight_decay=adam.weight_decay,
+                foreach=None if fsdp.tp_size == 1 else False,
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(actor, total_steps))
         else:
@@ -198,7 +212,7 @@ class PolicyWorker:
                 loss, metrics = aggregate(-logp, mask, num_tokens=window["num_tokens"]), {}
             else:
                 loss, metrics = rl_loss(logp, mb, window, self.actor, algo)
-            (loss * self.world_size).backward()
+            (loss * self.dp_size).backward()  # FSDP2 averages gradients over the data-parallel ranks
             loss_sum += loss.detach()
             tokens_seen += n
             for k, v in metrics.items():
@@ -216,10 +230,7 @@ class PolicyWorker:
         }
 
     def _clip(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.actor.max_norm or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return parallel.clip_grad_norm(list(self.model.parameters()), self.actor.max_norm or float("inf"))
 
     # -- weights and checkpoints --
     def full_state_dict(self, cpu_offload: bool = True) -> dict[str, Tensor] | None:

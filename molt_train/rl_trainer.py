@@ -34,6 +34,7 @@ from molt_train.config import RLConfig
 from molt_train.data import load_rows
 from molt_train.experience import Experience, make_experience
 from molt_train.metrics import MetricsLogger
+from molt_train.parallel import FSDPConfig
 from molt_train.placement import in_bundle, plan_placement, reserve
 from molt_train.rollout import RolloutWorker, eval_sampling
 from molt_train.runtime import init_ray
@@ -70,6 +71,7 @@ class RLTrainer:
             model_path,
             total_steps=cfg.train.num_steps * self.steps_per_batch,
             num_threads=self.placement.trainer_threads,
+            fsdp=cfg.fsdp,
             **self._trainer_slots(),
         )
         if self.placement.weight_sync == "nccl":  # trainer rank 0 + the engine's one worker: the weight-sync group
@@ -90,6 +92,7 @@ class RLTrainer:
                 trainable=False,
                 num_threads=self.placement.reference_threads,
                 name="ref",
+                fsdp=FSDPConfig(tp_size=cfg.fsdp.tp_size),  # frozen: nothing to offload
                 **self._trainer_slots(),
             )
         # the ranks build their model in the background: wait for them here (start-up, not the first step's time)

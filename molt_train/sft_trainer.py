@@ -55,7 +55,12 @@ class SFTTrainer:
         init_ray(cfg.ray)
         threads = cpu_threads(cfg.actor.num_threads, cfg.actor.num_workers)
         self.policy = WorkerGroup(
-            cfg.actor, cfg.train, str(self.model_path), total_steps=cfg.train.num_steps, num_threads=threads
+            cfg.actor,
+            cfg.train,
+            str(self.model_path),
+            total_steps=cfg.train.num_steps,
+            num_threads=threads,
+            fsdp=cfg.fsdp,
         )
         if self.resumed_from is not None:
             self.policy.call("load_state", directory=str(self.resumed_from))

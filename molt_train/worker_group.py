@@ -17,6 +17,7 @@ from molt_train.policy_worker import PolicyWorker, free_port
 
 if TYPE_CHECKING:
     from molt_train.config import ActorConfig, AlgoConfig, TrainConfig
+    from molt_train.parallel import FSDPConfig
 
 
 class WorkerGroup:
@@ -29,6 +30,7 @@ class WorkerGroup:
         total_steps: optimizer steps of the run (the LR schedule). trainable: False for the frozen reference.
         gpus: each rank's share of a GPU (0: CPU); placement / bundles: the Ray placement group and the bundle of
             each rank (rank i in ``bundles[i]``), or None.
+        fsdp: the ``--fsdp.*`` group (tensor parallel size, optimizer offload); None: plain FSDP2.
     """
 
     def __init__(
@@ -44,10 +46,12 @@ class WorkerGroup:
         placement: Any = None,
         bundles: tuple[int, ...] = (),
         name: str = "policy",
+        fsdp: FSDPConfig | None = None,
     ) -> None:
         import ray
 
         self.name, self.actor, self.train = name, actor, train
+        self.tp = fsdp.tp_size if fsdp is not None else 1
         ranks = actor.num_workers
         bundle = dict(enumerate(bundles))
         # the rendezvous lives on rank 0's node: a task in its bundle picks the port there (the driver's without one)
@@ -66,6 +70,7 @@ class WorkerGroup:
                 total_steps=total_steps,
                 trainable=trainable,
                 num_threads=num_threads,
+                fsdp=fsdp,
             )
             for rank in range(ranks)
         ]
@@ -75,9 +80,10 @@ class WorkerGroup:
     ) -> dict[str, float]:
         """One optimizer step over ``exp`` spread over the ranks (``algo``: the RL loss; None: SFT); returns the
         loss, grad norm and learning rate, and the loss's metrics averaged over the window's tokens."""
-        plan, per_rank = spread(exp, pad_id, len(self.workers), self.train)
+        plan, per_rank = self._spread(exp, pad_id)
         window = loss_window(exp, "token-mean" if algo is None else self.actor.loss_agg_mode)
         results = self.call("train_step", per_rank, window=window, algo=algo, temperature=temperature)
+        results = results[:: self.tp]  # one report per data-parallel group (its TP ranks computed the same)
         tokens = sum(r["tokens"] for r in results)
         out = {
             "loss": sum(r["loss"] for r in results),
@@ -92,14 +98,19 @@ class WorkerGroup:
 
     def logprobs(self, exp: Experience, pad_id: int, temperature: float) -> torch.Tensor:
         """Forward-only log-probs of every row, (N, L-1), computed across the ranks."""
-        plan, per_rank = spread(exp, pad_id, len(self.workers), self.train)
-        outputs = self.call("logprobs", per_rank, temperature=temperature)
+        plan, per_rank = self._spread(exp, pad_id)
+        outputs = self.call("logprobs", per_rank, temperature=temperature)[:: self.tp]
         result = torch.zeros(exp.action_mask.shape)
         for micros, outs in zip(plan, outputs, strict=True):
             for rows, out in zip(micros, outs, strict=True):
                 if rows:
                     result[torch.tensor(rows), : out.shape[1]] = out
         return result
+
+    def _spread(self, exp: Experience, pad_id: int) -> tuple[list[list[list[int]]], list[list[dict[str, Any]]]]:
+        """``spread`` over the data-parallel groups; rank r reads group ``r // tp``'s micro-batches."""
+        plan, per_group = spread(exp, pad_id, len(self.workers) // self.tp, self.train)
+        return plan, [per_group[rank // self.tp] for rank in range(len(self.workers))]
 
     def call(self, method: str, *per_rank: list[Any], **same: Any) -> list[Any]:
         """Call ``method`` on every rank (rank i gets ``per_rank[j][i]`` as positional j) and wait for all."""

@@ -108,6 +108,8 @@ REFUSED = [
         ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_threshold", "2", "1"],
         "HIGH or LOW HIGH with 0 <= LOW < HIGH, got 2.0 1.0",
     ),
+    (["--actor.num_workers", "3", "--fsdp.tp_size", "2"], "--fsdp.tp_size 2 must divide --actor.num_workers 3"),
+    (["--fsdp.offload", "params"], "--fsdp.offload 'params' is unknown"),
 ]
 
 
