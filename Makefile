@@ -1,4 +1,5 @@
-# The two commands of the README. Both create .venv and install everything on a fresh machine.
+# The two commands of the README. Both create .venv and install everything on a fresh machine; `make test` also sets
+# the machine up (.ci/setup-machine.sh).
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,7 +9,7 @@ HARNESSES := .harnesses/.installed
 # the agent harnesses molt/harness-*-v1 run (and their tests drive), from npm, pinned
 HARNESS_PACKAGES := @anthropic-ai/claude-code@2.1.332 @openai/codex@0.171.0
 
-.PHONY: demo test lint clean harnesses
+.PHONY: demo test lint clean harnesses machine
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +27,12 @@ $(HARNESSES): Makefile
 
 harnesses: $(HARNESSES)
 
-test: lint $(HARNESSES)
+test: machine lint $(HARNESSES)
 	$(PY) -m pytest -q
+
+# system packages and services the tests need (bubblewrap, a Docker engine, ...): .ci/setup-machine.sh
+machine:
+	bash .ci/setup-machine.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

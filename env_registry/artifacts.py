@@ -261,3 +261,23 @@ def _read_sdist(sdist: Path) -> tuple[dict[str, Any], str]:
 def _without_version(pyproject: dict[str, Any]) -> dict[str, Any]:
     project = {k: v for k, v in pyproject.get("project", {}).items() if k != "version"}
     return {**pyproject, "project": project}
+
+
+def inspect_wheel(wheel: Path) -> tuple[str, str, list[EnvManifest]]:
+    """``(name, version, manifests)`` of a wheel alone, read from its metadata without importing anything.
+
+    Raises:
+        InvalidArtifact: not a readable wheel, or its METADATA disagrees with its file name.
+        ManifestError: no shipped manifest, an invalid one, or entry points that do not match it.
+    """
+    name, version, kind = names.distribution_file(wheel.name)
+    if kind != "wheel":
+        raise InvalidArtifact(f"{wheel.name!r} is not a wheel (.whl)")
+    metadata, entry_points, shipped_pyproject = _read_wheel(wheel)
+    if names.package_name(metadata.get("Name", "")) != name:
+        raise InvalidArtifact(f"{wheel.name}: METADATA names {metadata.get('Name')!r}, the file name {name!r}")
+    if shipped_pyproject is None:
+        raise ManifestError(f"{wheel.name} has no {MANIFEST_METADATA_PATH} in its .dist-info")
+    manifests = manifests_from_pyproject(shipped_pyproject, f"{wheel.name} pyproject.toml")
+    check_entry_points(wheel.name, manifests, entry_points)
+    return name, version, manifests

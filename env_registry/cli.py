@@ -109,9 +109,12 @@ def cmd_build(args: argparse.Namespace) -> int:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     import tempfile
+    import time
 
     from env_registry.build import build
     from env_registry.client import open_registry
+    from env_registry.validation.report import ValidationReport
+    from env_registry.validation_states import PASSED, PENDING
 
     target = open_registry(args.registry, args.token)
     with tempfile.TemporaryDirectory(prefix="molt-publish-") as out:
@@ -119,8 +122,26 @@ def cmd_publish(args: argparse.Namespace) -> int:
         info = target.publish(release, allow_same_content=args.allow_same_content)
     print(
         f"published {info.package} {info.version} ({', '.join(info.env_ids)}) to {target}; "
-        f"content hash {info.content_hash[:16]}"
+        f"content hash {info.content_hash[:16]}",
+        flush=True,
     )
+    if info.validation_status != PENDING:
+        return 0
+    if args.no_wait:
+        print(f"validation pending: see /api/packages/{info.package}/{info.version}/validation")
+        return 0
+    print(f"waiting for {target}'s publish gate to validate it (at most {args.wait:g} s)...", flush=True)
+    deadline = time.monotonic() + args.wait
+    status, report = target.validation(info.package, info.version)
+    while status == PENDING and time.monotonic() < deadline:
+        time.sleep(1.0)
+        status, report = target.validation(info.package, info.version)
+    if status == PENDING:
+        raise Error(f"still pending after {args.wait:g} s; see /api/packages/{info.package}/{info.version}/validation")
+    print(ValidationReport.from_json(report).render() if report else f"validation: {status}")
+    if status != PASSED:
+        print(f"{info.package} {info.version} failed validation: it is not installable; publish a fixed version")
+        return 1
     return 0
 
 
@@ -146,6 +167,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_upload_bytes=int(args.max_upload_mb * 2**20),
         db=args.db,
         workers=args.workers,
+        validate=args.validate,
+        validate_timeout_s=args.validate_timeout,
     )
     return 0
 
@@ -241,6 +264,14 @@ def cmd_yank(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_validate(args: argparse.Namespace) -> int:
+    from env_registry.validation import validate
+
+    report = validate(args.target, registry=args.registry, token=args.token, timeout_s=args.timeout)
+    print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
+    return 0 if report.ok else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="molt-env", description="Versioned LLM-agent environments.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -297,6 +328,10 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument(
         "--allow-same-content", action="store_true", help="publish even if an earlier version has identical content"
     )
+    pub.add_argument(
+        "--wait", type=float, default=900.0, help="seconds to wait for a publish gate's verdict (default 900)"
+    )
+    pub.add_argument("--no-wait", action="store_true", help="do not wait for a publish gate's verdict")
     pub.set_defaults(fn=cmd_publish)
 
     srv = sub.add_parser("serve", help="run the registry server over a registry directory")
@@ -308,6 +343,13 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--max-upload-mb", type=float, default=100.0)
     srv.add_argument("--workers", type=int, default=1, help="server processes on the port (default 1)")
     srv.add_argument("--mint-token", metavar="PUBLISHER", help="mint a publish token for PUBLISHER and print it")
+    srv.add_argument(
+        "--validate",
+        action="store_true",
+        help="the publish gate: validate every upload in a worker process (molt-env validate, in the sandbox jail); "
+        "an upload is not installable until it passes",
+    )
+    srv.add_argument("--validate-timeout", type=float, default=600.0, help="wall-clock limit of each validation (s)")
     srv.set_defaults(fn=cmd_serve)
 
     tok = sub.add_parser("token", help="mint, list or revoke the publish tokens of a registry directory")
@@ -352,6 +394,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sen.add_argument("--exit-on-stdin-eof", action="store_true", help=argparse.SUPPRESS)  # servers make() starts
     sen.set_defaults(fn=cmd_serve_env)
+
+    from env_registry.evaluation import cli as eval_cli
+
+    eval_cli.add_parser(sub)
+
+    val = sub.add_parser(
+        "validate",
+        help="install a package into a fresh venv and check it inside the sandbox jail; exit 1 if unsound",
+    )
+    val.add_argument("target", help="a package source directory, a .whl file, or an env ID (ns/name-vN[@version])")
+    registry_args(val)
+    val.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of the jailed checks (s)")
+    val.add_argument("--json", action="store_true", help="print the report as JSON")
+    val.set_defaults(fn=cmd_validate)
     return parser
 
 

@@ -101,6 +101,11 @@ class RegistryClient:
         """The eval summaries stored for one release, oldest first."""
         return [EvalRecord.model_validate(e) for e in self._call("GET", f"/api/packages/{package}/{version}/evals")]
 
+    def validation(self, package: str, version: str) -> tuple[str | None, dict[str, Any] | None]:
+        """``(status, report)`` of a release's validation by the server's publish gate (as ``LocalRegistry``'s)."""
+        body = self._call("GET", f"/api/packages/{package}/{version}/validation")
+        return body["status"], body["report"]
+
     def search(self, query: str) -> list[PackageInfo]:
         return [PackageInfo.model_validate(p) for p in self._call("GET", "/api/search", params={"q": query})]
 

@@ -1,7 +1,9 @@
 """An env's dataset splits: JSONL files shipped inside its package, or generator functions; an env behind an env
 server (a URL, an isolated install) streams them from its server.
 
-Rows come out normalized: ``{"prompt": [chat messages] | str, "label": ..., "reference": str | None, "row": raw}``.
+Rows come out normalized: ``{"prompt": [chat messages] | str, "label": ..., "reference": str | None, "images": [...],
+"row": raw}``; ``images`` is the row's ``image_key`` field as a list (empty without one): PIL images, encoded bytes or
+base64 strings, which the runner decodes and places in the prompt (``molt_envs.vision``).
 """
 
 from __future__ import annotations
@@ -101,16 +103,16 @@ def count_rows(spec: EnvSpec, split: str) -> int:
 
 
 def normalize_row(row: dict[str, Any], cfg: DatasetSplit, where: str) -> dict[str, Any]:
-    """One raw row as ``{"prompt": chat messages | as given, "label", "reference", "row": raw}``: a string input goes
-    through the split's prompt template and system prompt.
+    """One raw row as ``{"prompt": chat messages | as given, "label", "reference", "images", "row": raw}``: a string
+    input goes through the split's prompt template and system prompt; ``images`` is the ``image_key`` field as a list.
 
     Args:
         row: the raw row. cfg: the split's declaration. where: names the row in errors.
 
     Raises:
-        Error: if the row lacks the input or label key.
+        Error: if the row lacks the input, label or image key.
     """
-    for key in (cfg.input_key, cfg.label_key):
+    for key in (cfg.input_key, cfg.label_key, *([cfg.image_key] if cfg.image_key else [])):
         if key not in row:
             raise Error(f"{where} has no {key!r} field (its fields: {sorted(row)}); fix the data or the split's keys")
     prompt = row[cfg.input_key]
@@ -119,10 +121,12 @@ def normalize_row(row: dict[str, Any], cfg: DatasetSplit, where: str) -> dict[st
         prompt = ([{"role": "system", "content": cfg.system_prompt}] if cfg.system_prompt else []) + [
             {"role": "user", "content": text}
         ]
+    images = row[cfg.image_key] if cfg.image_key else []
     return {
         "prompt": prompt,
         "label": row[cfg.label_key],
         "reference": row.get(cfg.reference_key) if cfg.reference_key else None,
+        "images": list(images) if isinstance(images, list | tuple) else [images],
         "row": row,
     }
 

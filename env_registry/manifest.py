@@ -46,6 +46,7 @@ class DatasetSplit(BaseModel):
     input_key: str = "prompt"
     label_key: str = "label"
     reference_key: str | None = None  # a completion that earns the top reward (SFT data, conformance checks)
+    image_key: str | None = None  # the row field holding its image(s) for a vision env (one image or a list)
     prompt_template: str | None = None  # e.g. "{input}\nPut the final answer in \\boxed{{}}."
     system_prompt: str | None = None
     env_kwargs: bool = False  # the generator also gets the env's kwargs (difficulty knobs), so data follows make()

@@ -17,6 +17,7 @@ INDEX_LINKS = (
         releases.c.requires_python,
         releases.c.yanked,
         releases.c.yanked_reason,
+        releases.c.validation_status,
     )
     .join(releases, sa.and_(releases.c.package == files.c.package, releases.c.version == files.c.version))
     .where(files.c.package == sa.bindparam("name"))

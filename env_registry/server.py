@@ -12,6 +12,9 @@
   it is added next to PyPI, dependencies of the package can only come from PyPI: nothing in this registry can
   shadow them.
 - ``/files/<package>/<file>``: the release files; each wheel download counts as an install of its version.
+- ``--validate``: the publish gate. Every upload is stored ``pending`` and validated by a worker process of its own
+  (``env_registry.validation.gate``); ``pending`` and ``failed`` versions are not resolvable and not on the simple
+  index; ``/api/packages/<pkg>/<version>/validation`` serves the status and the report.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import html
 import json
 import os
 import shutil
+import subprocess
+import sys
 import urllib.parse
 import uuid
 from pathlib import Path
@@ -59,6 +64,16 @@ class YankRequest(BaseModel):
 class Health(BaseModel):
     ok: bool
     private: bool
+    validate_uploads: bool = False
+
+
+class Validation(BaseModel):
+    """A release's publish-gate state: ``status`` None (never validated), ``pending``, ``passed`` or ``failed``."""
+
+    package: str
+    version: str
+    status: str | None
+    report: dict[str, Any] | None  # ValidationReport.to_json(); None until decided
 
 
 def create_app(
@@ -66,6 +81,7 @@ def create_app(
     private: bool = False,
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     db: str | None = None,
+    validate: bool = False,
 ) -> FastAPI:
     """The registry server's app.
 
@@ -74,6 +90,7 @@ def create_app(
         private: reading needs a token (or a hub login) too.
         max_upload_bytes: the largest request body accepted.
         db: the database URL (``postgresql://...``); default the SQLite file in ``root``.
+        validate: the publish gate: store uploads ``pending`` (``serve`` starts the worker that decides them).
 
     Raises:
         DatabaseError: ``db`` is not a usable database URL.
@@ -107,7 +124,7 @@ def create_app(
 
     @app.get("/api/health")
     def health() -> Health:
-        return Health(ok=True, private=private)
+        return Health(ok=True, private=private, validate_uploads=validate)
 
     @app.get("/api/packages")
     def list_packages(_: Reader) -> list[PackageInfo]:
@@ -154,7 +171,12 @@ def create_app(
                 paths.append(path)
             if len({p.name for p in paths}) != 2:
                 raise InvalidArtifact("upload one wheel and one sdist, with different file names")
-            return registry.publish(inspect_release(*paths), publisher=who, allow_same_content=allow_same_content)
+            return registry.publish(
+                inspect_release(*paths),
+                publisher=who,
+                allow_same_content=allow_same_content,
+                pending_validation=validate,
+            )
         finally:
             shutil.rmtree(staged, ignore_errors=True)
 
@@ -178,6 +200,13 @@ def create_app(
     @app.get("/api/packages/{package}/{version}/evals")
     def list_evals(package: str, version: str, _: Reader) -> list[EvalRecord]:
         return registry.evals(package, version)
+
+    @app.get("/api/packages/{package}/{version}/validation")
+    def get_validation(package: str, version: str, _: Reader) -> Validation:
+        """The publish gate's status of a release and its validation report."""
+        info = registry.release(package, version)
+        status, report = registry.validation(info.package, info.version)
+        return Validation(package=info.package, version=info.version, status=status, report=report)
 
     @app.get("/simple/", response_class=HTMLResponse)
     def simple_root(request: Request, _: Reader) -> HTMLResponse:
@@ -253,24 +282,43 @@ def serve(
     max_upload_bytes: int = DEFAULT_MAX_UPLOAD_BYTES,
     db: str | None = None,
     workers: int = 1,
+    validate: bool = False,
+    validate_timeout_s: float = 600.0,
 ) -> None:
     """Run the server under uvicorn until interrupted (arguments as ``create_app``; ``workers`` > 1 runs that many
-    server processes on one port, each with its own connections to the one database)."""
+    server processes on one port, each with its own connections to the one database). With ``validate``, the
+    publish gate's worker process (``env_registry.validation.gate``, ``validate_timeout_s`` per package) runs
+    alongside and ends with the server."""
     import uvicorn
 
-    if workers <= 1:
-        uvicorn.run(create_app(root, private, max_upload_bytes, db), host=host, port=port, log_level="warning")
-        return
-    config = {"root": str(root), "private": private, "max_upload_bytes": max_upload_bytes, "db": db}
-    os.environ[WORKER_CONFIG] = json.dumps(config)  # read by app_from_environment in each worker process
-    uvicorn.run(
-        "env_registry.server:app_from_environment",
-        factory=True,
-        host=host,
-        port=port,
-        workers=workers,
-        log_level="warning",
-    )
+    gate = None
+    if validate:
+        cmd = [sys.executable, "-m", "env_registry.validation.gate", "--root", str(root)]
+        cmd += ["--timeout", str(validate_timeout_s), *(["--db", db] if db else [])]
+        # its own process group (the gate ends it, pip and jail children included, when its stdin closes)
+        gate = subprocess.Popen(cmd, stdin=subprocess.PIPE, start_new_session=True)
+    try:
+        if workers <= 1:
+            app = create_app(root, private, max_upload_bytes, db, validate)
+            uvicorn.run(app, host=host, port=port, log_level="warning")
+            return
+        config = {"root": str(root), "private": private, "max_upload_bytes": max_upload_bytes, "db": db}
+        os.environ[WORKER_CONFIG] = json.dumps({**config, "validate": validate})  # read by app_from_environment
+        uvicorn.run(
+            "env_registry.server:app_from_environment",
+            factory=True,
+            host=host,
+            port=port,
+            workers=workers,
+            log_level="warning",
+        )
+    finally:
+        if gate is not None:
+            gate.stdin.close()  # type: ignore[union-attr]
+            try:
+                gate.wait(10)
+            except subprocess.TimeoutExpired:
+                gate.kill()
 
 
 def app_from_environment() -> FastAPI:

@@ -43,6 +43,7 @@ from env_registry.records import (
     ReleaseInfo,
     TokenInfo,
 )
+from env_registry.validation_states import GATED, PENDING, ValidationStates, resolvable
 
 
 class IndexLink(NamedTuple):
@@ -86,7 +87,7 @@ def _check_owner(package: str, owner: str | None, publisher: str) -> None:
         )
 
 
-class LocalRegistry(Credentials, EvalSummaries):
+class LocalRegistry(Credentials, EvalSummaries, ValidationStates):
     """The registry under ``root`` (created and migrated on first use).
 
     Args:
@@ -128,13 +129,20 @@ class LocalRegistry(Credentials, EvalSummaries):
         self.engine.dispose()
 
     # -- publishing --
-    def publish(self, release: Release, publisher: str | None = None, allow_same_content: bool = False) -> ReleaseInfo:
+    def publish(
+        self,
+        release: Release,
+        publisher: str | None = None,
+        allow_same_content: bool = False,
+        pending_validation: bool = False,
+    ) -> ReleaseInfo:
         """Add a release (validated by ``inspect_release``).
 
         Args:
             release: the wheel + sdist pair and what was read from them.
             publisher: the token's owner, None for local use.
             allow_same_content: publish even if an earlier version has the same content hash.
+            pending_validation: store it ``pending`` (the publish gate): not resolvable until validation passes.
 
         Returns:
             The release as stored.
@@ -151,7 +159,7 @@ class LocalRegistry(Credentials, EvalSummaries):
                 target = staged / path.name
                 shutil.copyfile(path, target)
                 copies.append((target, kind, file_sha256(target), target.stat().st_size))
-            return self._commit(release, copies, publisher, allow_same_content)
+            return self._commit(release, copies, publisher, allow_same_content, PENDING if pending_validation else None)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
 
@@ -161,6 +169,7 @@ class LocalRegistry(Credentials, EvalSummaries):
         copies: list[tuple[Path, str, str, int]],
         publisher: str | None,
         allow_same_content: bool,
+        validation_status: str | None,
     ) -> ReleaseInfo:
         name, version = release.name, release.version
         placed: list[Path] = []  # removed again if the transaction does not commit
@@ -183,6 +192,7 @@ class LocalRegistry(Credentials, EvalSummaries):
                         yanked=False,
                         readme=release.readme,
                         readme_type=release.readme_type,
+                        validation_status=validation_status,
                     )
                 )
                 db.execute(
@@ -327,7 +337,7 @@ class LocalRegistry(Credentials, EvalSummaries):
         found = []
         for row in package_rows:
             owned = by_package.get(row.name, [])
-            latest = _newest([r for r in owned if not r.yanked])
+            latest = _newest([r for r in owned if resolvable(r.yanked, r.validation_status)])
             found.append(
                 PackageInfo(
                     name=row.name,
@@ -356,6 +366,7 @@ class LocalRegistry(Credentials, EvalSummaries):
         return [
             IndexLink(r.filename, r.sha256, f"files/{name}/{r.filename}", r.requires_python, r.yanked, r.yanked_reason)
             for r in rows
+            if r.validation_status not in GATED  # pip never sees a version the publish gate holds back
         ]
 
     def env_ids(self) -> list[EnvIdInfo]:
@@ -363,7 +374,7 @@ class LocalRegistry(Credentials, EvalSummaries):
         e = env_ids_table.c
         with database.read(self.engine) as db:
             rows = db.execute(
-                sa.select(e.env_id, e.package, e.version, releases.c.yanked).join(
+                sa.select(e.env_id, e.package, e.version, releases.c.yanked, releases.c.validation_status).join(
                     releases, sa.and_(releases.c.package == e.package, releases.c.version == e.version)
                 )
             ).all()
@@ -373,7 +384,7 @@ class LocalRegistry(Credentials, EvalSummaries):
         found = []
         for (env_id, package), group in sorted(grouped.items()):
             versions = sorted((r.version for r in group), key=Version)
-            latest = _newest_version([r.version for r in group if not r.yanked])
+            latest = _newest_version([r.version for r in group if resolvable(r.yanked, r.validation_status)])
             found.append(EnvIdInfo(env_id=env_id, package=package, versions=versions, latest=latest))
         return found
 
@@ -425,9 +436,14 @@ class LocalRegistry(Credentials, EvalSummaries):
                     f"{parsed.unpinned!r} has no package version {parsed.pin}; published: "
                     f"{sorted((r.version for r in candidates), key=Version)}"
                 )
+            if pinned[0].validation_status in GATED:
+                raise NotFound(self.held_back(pinned[0]))
             return pinned[0]
-        newest = _newest([r for r in candidates if not r.yanked])
+        newest = _newest([r for r in candidates if resolvable(r.yanked, r.validation_status)])
         if newest is None:
+            held = [r for r in candidates if not r.yanked and r.validation_status in GATED]
+            if held:
+                raise NotFound(f"no version providing {parsed.unpinned!r} is installable: {self.held_back(held[-1])}")
             raise NotFound(
                 f"every version providing {parsed.unpinned!r} is yanked "
                 f"({', '.join(r.version for r in candidates)}); pin one with '@<version>' to install it anyway"

@@ -6,6 +6,7 @@ Importing this package never imports torch or ray.
 from molt_envs.chat_runner import ChatAgentRunner
 from molt_envs.contract import ChatAgent, ChatContext, Env, Result, SamplingParams, StepState
 from molt_envs.engine import Engine, Generation
+from molt_envs.judge import JudgeClient, JudgeError
 from molt_envs.runners import Runner, StepEnvRunner, load_agent_runner, render_prompt
 from molt_envs.trajectory import Trajectory
 
@@ -16,6 +17,8 @@ __all__ = [
     "Engine",
     "Env",
     "Generation",
+    "JudgeClient",
+    "JudgeError",
     "Result",
     "Runner",
     "SamplingParams",

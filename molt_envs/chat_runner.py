@@ -91,6 +91,7 @@ class ChatAgentRunner(Runner):
                 sampling_params=params,
                 max_length=max_length,
                 session_socket=await server.unix_socket(),
+                judge=self.judge,
             )
             outcome = await agent.run(ctx)
             if not isinstance(outcome, Result):
@@ -119,15 +120,12 @@ class ChatAgentRunner(Runner):
             segments = [self._new_trajectory(prompt, label, images)]
             if session is not None:
                 segments[0].rollout_id = session.rollout_id
-        for segment in segments:
+        for segment in segments:  # a captured segment's images are those its context holds (the agent sent them)
             segment.env_id, segment.spec_hash = self.env_id, self.spec_hash
             segment.failure = failure
-            segment.images = list(images or [])
             if result is not None:
                 segment.reward, segment.score, segment.info = result.reward, result.score, dict(result.info)
                 segment.truncated |= result.truncated
-                if result.images:
-                    segment.images.extend(result.images)
         return segments
 
 

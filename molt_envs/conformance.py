@@ -130,7 +130,9 @@ async def _check_row(report, factory, row, i, reward_range, deterministic) -> No
     lo, hi = reward_range
     env = factory()
     try:
-        start = await env.reset({"observation": row["prompt"], "label": row["label"], "images": []})
+        start = await env.reset(
+            {"observation": row["prompt"], "label": row["label"], "images": list(row.get("images", []))}
+        )
     except Exception as exc:
         report.add(f"row {i}: reset", False, f"raised {type(exc).__name__}: {exc}")
         return
@@ -172,7 +174,7 @@ async def _check_row(report, factory, row, i, reward_range, deterministic) -> No
 async def _step(factory, row, action) -> Result | Exception:
     env = factory()
     try:
-        await env.reset({"observation": row["prompt"], "label": row["label"], "images": []})
+        await env.reset({"observation": row["prompt"], "label": row["label"], "images": list(row.get("images", []))})
         return await env.step(
             {
                 "observation_text": str(row["prompt"]) + action,
@@ -180,7 +182,7 @@ async def _step(factory, row, action) -> Result | Exception:
                 "label": row["label"],
                 "sampling_params": SamplingParams(),
                 "turn": 0,
-                "images": [],
+                "images": list(row.get("images", [])),
             }
         )
     except Exception as exc:

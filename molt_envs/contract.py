@@ -15,7 +15,9 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field, replace
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
+
+from molt_envs.judge import JudgeClient
 
 
 @dataclass
@@ -153,7 +155,8 @@ def _scalar(name: str, value: Any) -> float:
 class StepState(TypedDict):
     """What ``Env.step`` receives each turn: ``observation_text`` (the whole context so far, as text),
     ``action_text`` (the model's latest generation, special tokens kept), ``label``, ``sampling_params`` (a copy of
-    this turn's params), ``turn`` (0-based) and ``images`` (every image in the context so far)."""
+    this turn's params), ``turn`` (0-based), ``images`` (every image in the context so far) and ``judge`` (the run's
+    ``JudgeClient`` for LLM-as-judge rewards, or None)."""
 
     observation_text: str  # the whole context so far, as text
     action_text: str  # the model's latest generation (special tokens kept)
@@ -161,6 +164,7 @@ class StepState(TypedDict):
     sampling_params: SamplingParams  # a copy of this turn's params
     turn: int  # 0-based turn index
     images: list[Any]  # every image in the context so far
+    judge: NotRequired[JudgeClient | None]  # LLM-as-judge endpoint of the run (None: the run has no judge)
 
 
 class Env(ABC):
@@ -214,6 +218,7 @@ class ChatContext:
         model_name, api_key: what to pass to the SDK (the session's own key: checked on ``session_socket`` only).
         session_id: this rollout's session. sampling_params: the run's params (requests may override some).
         max_length: the token budget of the whole conversation.
+        judge: the run's ``JudgeClient`` for LLM-as-judge rewards, or None.
     """
 
     messages: list[dict[str, Any]]
@@ -231,6 +236,8 @@ class ChatContext:
     # a unix socket serving this session's routes, for clients in a sandbox (bind its directory in; see
     # molt_envs.harness); None where the session server is not in this process
     session_socket: str | None = None
+    # the run's LLM-as-judge endpoint (molt_envs.judge), not a rollout session: its calls are never captured
+    judge: JudgeClient | None = None
 
 
 class ChatAgent(ABC):

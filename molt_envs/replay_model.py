@@ -85,16 +85,26 @@ def _call(call: dict[str, Any]) -> dict[str, Any]:
 
 
 class ReplayEngine:
-    """Every ``generate`` returns ``text`` (+ end-of-turn), cut at ``max_tokens``; log-probs are 0.0 (no model)."""
+    """Every ``generate`` returns ``text`` (+ end-of-turn), cut at ``max_tokens``; log-probs are 0.0 (no model).
 
-    def __init__(self, tokenizer: ByteChatTokenizer, text: str) -> None:
-        self.ids = tokenizer.encode(text) + [tokenizer.eos_token_id]
+    ``text`` may be a list: the i-th call answers its i-th item (``molt-env eval --reverify`` replays stored replies
+    this way); a call past the end raises ``LookupError``.
+    """
+
+    def __init__(self, tokenizer: ByteChatTokenizer, text: str | list[str]) -> None:
+        self.script = [text] if isinstance(text, str) else list(text)
+        self.replay = not isinstance(text, str)
+        self.encoded = [tokenizer.encode(t) + [tokenizer.eos_token_id] for t in self.script]
         self.eos = tokenizer.eos_token_id
         self.calls = 0
 
     async def generate(
         self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None
     ) -> Generation:
+        if self.replay and self.calls >= len(self.encoded):
+            raise LookupError(
+                f"the replayed episode has {len(self.encoded)} model replies; call {self.calls + 1} has none"
+            )
+        ids = self.encoded[min(self.calls, len(self.encoded) - 1)][: params.max_tokens]
         self.calls += 1
-        ids = self.ids[: params.max_tokens]
         return Generation(ids, [0.0] * len(ids), "stop" if ids and ids[-1] == self.eos else "length")

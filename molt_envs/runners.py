@@ -4,6 +4,13 @@
 ``env.step``, append the env's observation as masked tokens, repeat until the env terminates, truncates, or the
 context budget runs out. A failure anywhere in the episode ends that episode with ``Trajectory.failure`` set; it
 never propagates out of ``execute``.
+
+Images (the row's, those ``reset`` returns, and each ``Result.images``) need a vision model: ``tokenizer`` is then
+its processor (``molt_envs.vision``). The context holding them is rendered by the chat template with an image part
+per image and encoded by the processor, which expands each placeholder into the exact ids the model reads; the
+image tensors accumulate on ``Trajectory.mm_inputs`` in placeholder order. A text-only episode never touches any of
+it. An image the episode cannot use (corrupt, too large, too many, a text-only model) fails the episode as
+``images: ...``.
 """
 
 from __future__ import annotations
@@ -21,7 +28,18 @@ from typing import Any
 
 from molt_envs.contract import Env, Result, SamplingParams
 from molt_envs.engine import Engine
+from molt_envs.judge import JudgeClient
 from molt_envs.trajectory import Trajectory
+from molt_envs.vision import (
+    ImageError,
+    VisionInputs,
+    image_digest,
+    load_image,
+    place_images,
+    require_codec,
+    text_tokenizer,
+    vision_codec,
+)
 
 # Tokenizers run off the event loop on their own pool, so a busy default executor can never starve them.
 _TOKENIZE_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="molt-tokenize")
@@ -90,10 +108,13 @@ class Runner(ABC):
 
     Attributes:
         env_id, spec_hash: stamped on every trajectory it returns.
+        judge: the ``JudgeClient`` every episode gets (``StepState["judge"]``, ``ChatContext.judge``), or None; set
+            by whoever runs it (the trainer's ``--judge.*``, an evaluator's judge endpoint).
     """
 
     env_id: str | None = None
     spec_hash: str | None = None
+    judge: JudgeClient | None = None
 
     @abstractmethod
     async def execute(
@@ -147,7 +168,8 @@ class StepEnvRunner(Runner):
         self.env_id = env_id
         self.spec_hash = spec_hash
         self.max_turns = max_turns
-        self._prompts: OrderedDict[str, tuple[Any, str, list[int]]] = OrderedDict()  # JSON -> (tokenizer, text, ids)
+        # JSON (images as digests) -> (tokenizer, text, ids, image inputs)
+        self._prompts: OrderedDict[str, tuple[Any, str, list[int], VisionInputs | None]] = OrderedDict()
 
     async def execute(self, prompt, label, sampling_params, max_length, tokenizer, engine, images=None, tools=None):
         traj = self._new_trajectory(prompt, label, images)
@@ -160,7 +182,10 @@ class StepEnvRunner(Runner):
             stage[0] = "reset"
             start = await env.reset({"observation": prompt, "label": label, "images": list(images or [])})
             stage[0] = "tokenize"
-            context, prompt_ids = await self._render(tokenizer, start["observation"], start.get("tools", tools))
+            context, prompt_ids, mm = await self._render(
+                tokenizer, start["observation"], start.get("tools", tools), list(start.get("images", images) or [])
+            )
+            traj.images, traj.mm_inputs = (list(mm.images), mm) if mm else ([], None)
             if len(prompt_ids) >= max_length:
                 raise ValueError(
                     f"prompt is {len(prompt_ids)} tokens, which leaves no room under max_length={max_length}"
@@ -180,7 +205,7 @@ class StepEnvRunner(Runner):
                 start.get("tools", tools),
             )
         except Exception as exc:  # failure isolation: the episode ends, the reason is recorded, nothing propagates
-            traj.failure = failure_reason(stage[0], exc)
+            traj.failure = failure_reason("images" if isinstance(exc, ImageError) else stage[0], exc)
         finally:
             if env is not None:
                 try:
@@ -189,38 +214,52 @@ class StepEnvRunner(Runner):
                     traj.failure = traj.failure or failure_reason("close", exc)
         return traj
 
-    async def _render(self, tokenizer: Any, observation: Any, tools: list[dict] | None) -> tuple[str, list[int]]:
-        """The first observation rendered and tokenized, from the LRU cache when this tokenizer has seen it (the
-        samples of a group share their prompt; rendering a chat template costs ~0.2 ms)."""
+    async def _render(
+        self, tokenizer: Any, observation: Any, tools: list[dict] | None, images: list[Any]
+    ) -> tuple[str, list[int], VisionInputs | None]:
+        """The first observation rendered and tokenized (a vision model's processor expanding its images), from the
+        LRU cache when this tokenizer has seen it (the samples of a group share their prompt; rendering a chat
+        template costs ~0.2 ms, processing an image more)."""
+        images = [load_image(image, f"image {k}") for k, image in enumerate(images)]
         try:
-            key = json.dumps([observation, tools], sort_keys=True)
-        except (TypeError, ValueError):  # not JSON (e.g. images in the messages): rendered every time
+            key = json.dumps([observation, tools, images], sort_keys=True, default=_image_key)
+        except (TypeError, ValueError):  # not JSON: rendered every time
             key = None
         hit = self._prompts.get(key) if key is not None else None
         if hit is not None and hit[0] is tokenizer:
             self._prompts.move_to_end(key)
-            return hit[1], list(hit[2])
-        context = render_prompt(tokenizer, observation, tools)
-        ids = await tokenizer_work(len(context), _encode, tokenizer, context)
+            return hit[1], list(hit[2]), hit[3]
+        text_tok = text_tokenizer(tokenizer)
+        if images or _holds_images(observation):
+            if isinstance(observation, list):
+                observation, images = place_images(observation, images)
+            images = [load_image(image, f"image {k}") for k, image in enumerate(images)]
+            codec = require_codec(tokenizer, len(images))
+            context = render_prompt(text_tok, observation, tools)
+            ids, mm = await off_loop(codec.encode, context, images)
+        else:
+            context, mm = render_prompt(text_tok, observation, tools), None
+            ids = await tokenizer_work(len(context), _encode, text_tok, context)
         if key is not None:
-            self._prompts[key] = (tokenizer, context, list(ids))
+            self._prompts[key] = (tokenizer, context, list(ids), mm)
             if len(self._prompts) > PROMPT_CACHE_SIZE:
                 self._prompts.popitem(last=False)
-        return context, ids
+        return context, ids, mm
 
     async def _loop(self, env, traj, context, label, params, max_length, tokenizer, engine, stage, tools) -> None:
         reward = 0.0
         turn = 0
+        text_tok = text_tokenizer(tokenizer)
         while True:
             budget = min(params.max_tokens, max_length - len(traj.token_ids))
             if budget <= 0:
                 traj.truncated = True
                 break
             stage[0] = "generate"
-            gen = await engine.generate(list(traj.token_ids), params.updated(max_tokens=budget), traj.images or None)
+            gen = await engine.generate(list(traj.token_ids), params.updated(max_tokens=budget), traj.mm_inputs)
             traj.append_action(gen.token_ids, gen.log_probs, gen.finish_reason)
             traj.truncated |= gen.finish_reason == "length"
-            action_text = await tokenizer_work(4 * len(gen.token_ids), _decode, tokenizer, gen.token_ids)
+            action_text = await tokenizer_work(4 * len(gen.token_ids), _decode, text_tok, gen.token_ids)
             context += action_text
             stage[0] = "step"
             result = await env.step(
@@ -231,6 +270,7 @@ class StepEnvRunner(Runner):
                     "sampling_params": params.updated(),
                     "turn": turn,
                     "images": list(traj.images),
+                    "judge": self.judge,
                 }
             )
             if not isinstance(result, Result):
@@ -239,18 +279,19 @@ class StepEnvRunner(Runner):
             reward += result.reward
             traj.score, traj.info = result.score, dict(result.info)
             traj.truncated |= result.truncated
-            if result.images:
-                traj.images.extend(result.images)
-            if result.observation:
+            if result.observation or result.images:
                 stage[0] = "tokenize"
-                text = result.observation
-                if isinstance(text, list):
-                    text = render_turn(tokenizer, text, tools, action_text)
-                obs_ids = await tokenizer_work(len(text), _encode, tokenizer, text)
+                text, obs_ids, mm = await self._observation(result, tokenizer, tools, action_text, len(traj.images))
                 room = max_length - len(traj.token_ids)
                 if len(obs_ids) > room:
+                    if mm is not None:  # images cut off would misalign their tensors: the turn ends before them
+                        room = min(room, obs_ids.index(vision_codec(tokenizer).image_token_id))
+                        mm = None
                     obs_ids, traj.truncated = obs_ids[:room], True
                 traj.append_observation(obs_ids)
+                if mm is not None:
+                    traj.mm_inputs = mm if traj.mm_inputs is None else traj.mm_inputs + mm
+                    traj.images.extend(mm.images)
                 context += text
             params = SamplingParams.coerce(result.sampling_params, params)
             if self.max_turns is not None and turn >= self.max_turns and not result.terminated:
@@ -261,6 +302,42 @@ class StepEnvRunner(Runner):
         traj.num_turns = turn
         if traj.score is None:
             traj.score = reward
+
+    async def _observation(
+        self, result: Result, tokenizer: Any, tools: list[dict] | None, action_text: str, seen: int
+    ) -> tuple[str, list[int], VisionInputs | None]:
+        """The next turn's text and ids (after the model's action), and what the processor made of its images."""
+        text_tok = text_tokenizer(tokenizer)
+        observation, images = result.observation, list(result.images or [])
+        if not images and not _holds_images(observation):
+            text = (
+                render_turn(text_tok, observation, tools, action_text) if isinstance(observation, list) else observation
+            )
+            return text, await tokenizer_work(len(text), _encode, text_tok, text), None
+        if isinstance(observation, list):
+            observation, images = place_images(observation, images)
+        images = [load_image(image, f"Result.images[{k}]") for k, image in enumerate(images)]
+        codec = require_codec(tokenizer, seen + len(images))
+        text = render_turn(text_tok, observation, tools, action_text) if isinstance(observation, list) else observation
+        ids, mm = await off_loop(codec.encode, text, images)
+        return text, ids, mm
+
+
+def _holds_images(observation: Any) -> bool:
+    """Whether chat messages carry image parts."""
+    return isinstance(observation, list) and any(
+        isinstance(p, dict) and p.get("type") == "image"
+        for m in observation
+        if isinstance(m, dict) and isinstance(m.get("content"), list)
+        for p in m["content"]
+    )
+
+
+def _image_key(value: Any) -> str:
+    """How an image enters a cache key: its content digest (``json.dumps`` default)."""
+    if hasattr(value, "tobytes") and hasattr(value, "mode"):
+        return image_digest(value)
+    raise TypeError(f"{type(value).__name__} is not JSON")
 
 
 def failure_reason(stage: str, exc: BaseException) -> str:

@@ -13,6 +13,9 @@ Routes:
   model name a request carries is served by it.
 - ``POST /sessions`` → ``{"session_id", "base_url", "session_url"}``; ``GET /sessions/{id}/trajectory`` → the
   token-exact segments; ``DELETE /sessions/{id}``: what external harnesses and evaluators use.
+- ``POST /judge/v1/chat/completions``: OpenAI Chat Completions outside any session, for LLM-as-judge calls
+  (``molt_envs.judge.JudgeClient``): each call is rendered and generated on its own and recorded nowhere, so a
+  judge served by the policy's own engine never lands in a rollout's captured tokens.
 - ``GET /health``.
 
 ``unix_socket()`` also serves the ``/s/{session_id}/...`` routes (and nothing else) on a unix socket, which a
@@ -302,6 +305,11 @@ class SessionServer:
         app.add_route("/s/{session_id}/v1/responses", chat_route(wire_responses), methods=["POST"])
         app.add_route("/s/{session_id}/v1/messages", chat_route(wire_anthropic), methods=["POST"])
 
+        async def judge_route(request: Request) -> Response:
+            return await self._chat(None, request, wire_openai)
+
+        app.add_route("/judge/v1/chat/completions", judge_route, methods=["POST"])
+
         @app.get("/s/{session_id}/v1/responses/{response_id}")
         async def get_response(session_id: str, response_id: str) -> Response:
             session = self.sessions.get(session_id)
@@ -399,10 +407,14 @@ class SessionServer:
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
         }
 
-    async def _chat(self, session_id: str, request: Request, wire: Any) -> Response:
-        """One chat call on ``wire`` (a module with ``decode``, ``encode``, ``encode_stream`` and ``error``)."""
+    async def _chat(self, session_id: str | None, request: Request, wire: Any) -> Response:
+        """One chat call on ``wire`` (a module with ``decode``, ``encode``, ``encode_stream`` and ``error``);
+        ``session_id`` None: a judge call, in a session of its own that no one keeps."""
         try:
-            session = self.sessions.get(session_id)
+            if session_id is None:
+                session = Session(self.engine, self.template, params=self.params, max_length=self.max_length)
+            else:
+                session = self.sessions.get(session_id)
             if session is None:
                 raise _Problem(404, _unknown(session_id))
             raw = await self._read(request)

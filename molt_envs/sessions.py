@@ -15,6 +15,12 @@ A ``Session`` turns each chat request into one engine call over the **exact** to
 Retries are safe: a request identical to the last one gets the cached reply and records nothing; a turn is committed
 only after generation succeeded; one lock per session serializes turns.
 
+Images (a vision model's server, whose ``tokenizer`` is the model's processor): the wires decode image parts into
+``{"type": "image", "image": <base64>}`` message parts; the plan decodes them under the size limits
+(``molt_envs.vision``) and the processor encodes the new piece of context with its images, so a segment's ids hold
+the expanded placeholders and its ``mm_inputs`` the image tensors aligned with them, exactly as the engine saw them.
+A bad image or more images than the model's limit is a 400.
+
 Template rendering and tokenization run on the tokenizer pool (``runners.off_loop``), off the event loop, except
 for small pieces of work (a request under ``INLINE_MAX_CHARS`` of JSON, a completion under a quarter of that in
 tokens), which run inline: a hop to the pool costs more than such work and, measured at 100 concurrent sessions
@@ -36,6 +42,7 @@ from molt_envs.engine import Engine
 from molt_envs.runners import INLINE_MAX_CHARS, off_loop
 from molt_envs.tool_calls import ToolCall, parse_tool_calls
 from molt_envs.trajectory import Trajectory
+from molt_envs.vision import ImageError, VisionInputs, load_image, text_tokenizer, vision_codec
 
 _PROBE = "\x00molt-probe\x00"
 
@@ -88,14 +95,18 @@ class Reply:
 class ChatTemplate:
     """The tokenizer's chat template and codec, with what it renders after an assistant's end-of-turn token.
 
+    ``tokenizer`` may be a vision model's processor: ``codec`` then encodes pieces of context holding images.
+
     Args:
-        tokenizer: a transformers tokenizer with a ``chat_template``.
+        tokenizer: a transformers tokenizer with a ``chat_template``, or a vision model's processor.
 
     Raises:
         ValueError: if it has no chat template, or one that does not render an assistant's content verbatim.
     """
 
     def __init__(self, tokenizer: Any) -> None:
+        self.codec = vision_codec(tokenizer)
+        tokenizer = text_tokenizer(tokenizer)
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
                 f"tokenizer {type(tokenizer).__name__} has no chat_template; the session server renders "
@@ -140,7 +151,7 @@ class ChatTemplate:
             raise BadRequest(f"the chat template refused the conversation: {exc}") from None
 
     def count(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> int:
-        """Tokens of the conversation as the model would see it (rendered with the generation prompt).
+        """Tokens of the conversation as the model would see it (rendered with the generation prompt, images expanded).
 
         Args:
             messages, tools: as for ``render``.
@@ -149,13 +160,28 @@ class ChatTemplate:
             The token count.
 
         Raises:
-            BadRequest: as ``render``.
+            BadRequest: as ``render``, or a bad image (``encode_images``).
         """
-        return len(self.encode(self.render(messages, tools, True)))
+        return len(self.encode_images(self.render(messages, tools, True), images_of(messages), 0)[0])
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text``, without special tokens added."""
         return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def encode_images(self, text: str, images: list[Any], seen: int) -> tuple[list[int], VisionInputs | None]:
+        """``text``'s ids with its images' placeholders expanded, and their tensors; ``seen``: images already in the
+        context. Raises ``BadRequest`` for an undecodable or oversized image, or more than the model's limit."""
+        if not images:
+            return self.encode(text), None
+        try:
+            if seen + len(images) > self.codec.max_images:
+                raise ImageError(
+                    f"the conversation holds {seen + len(images)} images; the model's limit is {self.codec.max_images}"
+                )
+            decoded = [load_image(image, f"image {seen + k}") for k, image in enumerate(images)]
+            return self.codec.encode(text, decoded)
+        except ImageError as exc:
+            raise BadRequest(str(exc)) from None
 
     def decode(self, ids: list[int]) -> str:
         """Text of ``ids``, special tokens kept."""
@@ -180,6 +206,7 @@ class _Plan:
     new_segment: bool
     ids: list[int]  # the whole prompt (new segment) or the delta to append (continuation)
     rendered: str  # the full rendering of the request, with the generation prompt
+    mm: VisionInputs | None = None  # the images of ``ids``
 
 
 class Session:
@@ -279,8 +306,13 @@ class Session:
                     self.segments[-1].truncated = True
                 return Reply("", "", [], "length", context, 0)
             prompt_ids = plan.ids if plan.new_segment else self.segments[-1].token_ids + plan.ids
+            mm = (
+                plan.mm
+                if plan.new_segment or self.segments[-1].mm_inputs is None
+                else self.segments[-1].mm_inputs + plan.mm
+            )
             started = time.perf_counter()
-            gen = await self.engine.generate(prompt_ids, params.updated(max_tokens=budget))
+            gen = await self.engine.generate(prompt_ids, params.updated(max_tokens=budget), mm)
             engine_s = time.perf_counter() - started
             if len(gen.token_ids) != len(gen.log_probs):
                 raise RuntimeError(f"engine returned {len(gen.token_ids)} tokens but {len(gen.log_probs)} log-probs")
@@ -296,7 +328,7 @@ class Session:
                 raise SessionClosed(
                     f"session {self.session_id} was closed while this call generated; nothing was recorded"
                 )
-            self._commit(request, plan, gen, stop_text)
+            self._commit(request, plan, gen, stop_text, mm)
             self._last_key, self._last_reply = key, reply
             self.last_used = time.monotonic()
             return reply
@@ -313,10 +345,15 @@ class Session:
             prefix = self.template.render(messages[: len(history) + 1], tools, False)
             if full.startswith(prefix) and prefix.startswith(self._seen) and prefix.endswith(self.template.turn_end):
                 delta = self.template.closing(self._stop_text) + full[len(prefix) :]
-                return _Plan(False, self.template.encode(delta), full)
-        return _Plan(True, self.template.encode(full), full)
+                seen = len(self.segments[-1].images)
+                ids, mm = self.template.encode_images(delta, images_of(messages[len(history) + 1 :]), seen)
+                return _Plan(False, ids, full, mm)
+        ids, mm = self.template.encode_images(full, images_of(messages), 0)
+        return _Plan(True, ids, full, mm)
 
-    def _commit(self, request: ChatRequest, plan: _Plan, gen: Any, stop_text: str | None) -> None:
+    def _commit(
+        self, request: ChatRequest, plan: _Plan, gen: Any, stop_text: str | None, mm: VisionInputs | None
+    ) -> None:
         if plan.new_segment:
             segment = Trajectory(rollout_id=self.rollout_id, prompt=self.prompt, label=self.label)
             segment.append_observation(plan.ids)
@@ -326,10 +363,23 @@ class Session:
             segment = self.segments[-1]
             segment.append_observation(plan.ids)
         segment.append_action(list(gen.token_ids), list(gen.log_probs), gen.finish_reason)
+        if mm is not None:
+            segment.mm_inputs, segment.images = mm, list(mm.images)
         segment.truncated |= gen.finish_reason == "length"
         segment.num_turns += 1
         self._history, self._tools = list(request.messages), request.tools
         self._seen, self._stop_text = plan.rendered, stop_text
+
+
+def images_of(messages: list[dict[str, Any]]) -> list[Any]:
+    """The (still encoded) images of the messages' image parts, in order."""
+    return [
+        part["image"]
+        for m in messages
+        if isinstance(m.get("content"), list)
+        for part in m["content"]
+        if part.get("type") == "image"
+    ]
 
 
 def _extends(history: list[dict[str, Any]], messages: list[dict[str, Any]], reply: Reply | None) -> bool:
@@ -378,4 +428,5 @@ def segment_json(segment: Trajectory) -> dict[str, Any]:
         "truncated": segment.truncated,
         "num_turns": segment.num_turns,
         "rollout_id": segment.rollout_id,
+        "num_images": len(segment.images),
     }

@@ -1,7 +1,9 @@
 """``Trajectory``: the token-first record a rollout hands to the trainer.
 
 Invariants: ``log_probs`` is 1:1 with ``token_ids`` (0.0 outside actions); every ``(start, end)`` in
-``action_ranges`` is a half-open span of tokens the model generated; nothing is ever re-tokenized.
+``action_ranges`` is a half-open span of tokens the model generated; nothing is ever re-tokenized. A vision model's
+trajectory holds its context's ``images`` in placeholder order and ``mm_inputs``, the processor's tensors for them,
+aligned with the image placeholders in ``token_ids``: what the trainer's forward consumes, never re-processed.
 
 A runner may return several trajectories for one episode: the *segments* of one chat rollout (one ``rollout_id``,
 one reward) or the *seats* of one game (``seat`` set, a ``rollout_id`` and a reward each).
@@ -10,8 +12,10 @@ one reward) or the *seats* of one game (``seat`` set, a ``rollout_id`` and a rew
 from __future__ import annotations
 
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
+
+from molt_envs.vision import VisionInputs
 
 
 @dataclass
@@ -48,6 +52,7 @@ class Trajectory:
     finish_reasons: list[str] = field(default_factory=list)  # one per action range
     num_turns: int = 0
     seat: str | None = None  # the seat of a multi-seat game this is (molt_envs.seats); None for one-seat episodes
+    mm_inputs: VisionInputs | None = None  # the images' tensors (vision models), aligned with their placeholders
 
     def append_action(self, token_ids: list[int], log_probs: list[float], finish_reason: str = "stop") -> None:
         """Append tokens the model generated, as a new action range.
@@ -86,9 +91,8 @@ class Trajectory:
         return self.failure is None
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form (images are left out: they are not JSON)."""
-        data = asdict(self)
-        data["images"] = []
+        """JSON-safe form (images and their tensors are left out: they are not JSON)."""
+        data = asdict(replace(self, images=[], mm_inputs=None))
         data["action_ranges"] = [list(r) for r in self.action_ranges]
         return data
 

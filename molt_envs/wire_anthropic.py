@@ -11,7 +11,9 @@ become OpenAI function tools; server tools (no ``input_schema``: web search, cod
 the model, since this server runs no tools. Replies carry ``text`` and ``tool_use`` blocks; streaming uses
 Anthropic's event sequence. Honoured: ``max_tokens``, ``temperature``/``top_p``/``top_k`` (raw HTTP; recent SDKs no
 longer send them, so the session's ``SamplingParams`` apply), ``tool_choice`` ``{"type": "none"}``, ``stream``.
-What the chat template cannot represent (image and document blocks: the engine is text-only) is a 400 naming it.
+``image`` blocks (``source.type: "base64"``) in user turns and inside ``tool_result`` content are images when the
+model reads them; a ``url`` source is a 400 (the server fetches nothing), and so is any image on a text-only model.
+What the chat template cannot represent (document blocks, ...) is a 400 naming it.
 ``count_tokens`` answers ``POST /v1/messages/count_tokens`` with the rendered prompt's real token count.
 """
 
@@ -21,7 +23,15 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from molt_envs.request_fields import optional, optional_str, sampling_overrides, text_of
+from molt_envs.request_fields import (
+    content_of,
+    image_part,
+    joined,
+    optional,
+    optional_str,
+    sampling_overrides,
+    text_of,
+)
 from molt_envs.sessions import BadRequest, ChatRequest, Reply, Session, WireCall
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
@@ -46,13 +56,14 @@ def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
     if not isinstance(raw, list) or not raw:
         raise BadRequest("messages must be a non-empty list of {'role': 'user'|'assistant', 'content': ...}")
     reasoning = session is not None and session.template.renders_reasoning
+    vision = session is not None and session.template.codec is not None
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system:
         messages.append({"role": "system", "content": text_of(system, "system")})
     calls: set[str] = set()
     for i, message in enumerate(raw):
-        messages += _messages(message, f"messages[{i}]", calls, reasoning)
+        messages += _messages(message, f"messages[{i}]", calls, reasoning, vision)
     given = optional(body, "tools", list, "a list of tools") or []
     tools = [tool for tool in (_tool(t, i) for i, t in enumerate(given)) if tool is not None]
     choice = optional(body, "tool_choice", dict, "an object") or {}
@@ -63,7 +74,22 @@ def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
     return WireCall(request, stream)
 
 
-def _messages(message: Any, where: str, calls: set[str], reasoning: bool) -> list[dict[str, Any]]:
+def _image(block: dict[str, Any], at: str) -> str:
+    """An ``image`` block's base64 data; a URL (or file) source is a 400: the server fetches nothing."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind != "base64" or not isinstance(source.get("data"), str):
+        raise BadRequest(
+            f"{at}.source must be {{'type': 'base64', 'media_type': 'image/png', 'data': ...}}; got type "
+            f"{json.dumps(kind)[:40]}: this server fetches no URLs or files, send the image inline"
+        )
+    return source["data"]
+
+
+IMAGE_BLOCKS = {"image": _image}
+
+
+def _messages(message: Any, where: str, calls: set[str], reasoning: bool, vision: bool) -> list[dict[str, Any]]:
     if not isinstance(message, dict) or message.get("role") not in ROLES:
         raise BadRequest(
             f"{where} must be an object with role 'user', 'assistant' or 'system', got {json.dumps(message)[:80]}"
@@ -82,7 +108,9 @@ def _messages(message: Any, where: str, calls: set[str], reasoning: bool) -> lis
         if kind == "text":
             if not isinstance(block.get("text"), str):
                 raise BadRequest(f"{at}.text must be a string")
-            texts.append(block["text"])
+            texts.append({"type": "text", "text": block["text"]})
+        elif kind == "image" and role == "user":
+            texts.append(image_part(_image, block, at, vision))
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str) or not isinstance(block.get("input", {}), dict):
                 raise BadRequest(f"{at} (tool_use) needs a string 'name' and an object 'input'")
@@ -99,9 +127,8 @@ def _messages(message: Any, where: str, calls: set[str], reasoning: bool) -> lis
                     f"{at}.tool_use_id {json.dumps(call_id)[:60]} answers no tool_use of an earlier assistant "
                     "message; send the tool_use before its tool_result"
                 )
-            results.append(
-                {"role": "tool", "tool_call_id": call_id, "content": text_of(block.get("content"), f"{at}.content")}
-            )
+            inner = content_of(block.get("content"), f"{at}.content", IMAGE_BLOCKS, vision)
+            results.append({"role": "tool", "tool_call_id": call_id, "content": inner})
         elif kind == "thinking" and role == "assistant":
             if not isinstance(block.get("thinking"), str):
                 raise BadRequest(f"{at}.thinking must be a string")
@@ -113,14 +140,15 @@ def _messages(message: Any, where: str, calls: set[str], reasoning: bool) -> lis
                 f"{at} has type {kind!r}, which a {role} message on this text server cannot carry; "
                 "use text, thinking or tool_use (assistant) and text or tool_result (user) blocks"
             )
+    text = joined(texts)  # a string unless it holds images
     if role == "assistant":
-        out: dict[str, Any] = {"role": "assistant", "content": "".join(texts)}
+        out: dict[str, Any] = {"role": "assistant", "content": text}
         if tool_calls:
             out["tool_calls"] = tool_calls
         if thoughts and reasoning:
             out["reasoning_content"] = "\n".join(thoughts)
         return [out]
-    return results + ([{"role": "user", "content": "".join(texts)}] if texts or not results else [])
+    return results + ([{"role": "user", "content": text}] if texts or not results else [])
 
 
 def _tool(tool: Any, i: int) -> dict[str, Any] | None:

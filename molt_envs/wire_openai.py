@@ -1,6 +1,7 @@
 """The OpenAI Chat Completions wire: decode a request into a ``ChatRequest``, encode a ``Reply`` (JSON or SSE).
 
-Honoured: ``messages`` (text content; ``tool_calls``, ``tool`` results), ``tools``, ``tool_choice`` ("none" turns
+Honoured: ``messages`` (text content, and ``image_url`` parts in user messages as base64 ``data:`` URIs when the model
+reads images: a remote URL is a 400, the server fetches nothing; ``tool_calls``, ``tool`` results), ``tools``, ``tool_choice`` ("none" turns
 parsing off), ``max_completion_tokens``/``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``n`` (1),
 ``stream``, ``stream_options.include_usage``. Other fields (``stop`` strings, ``logprobs``, ...) are accepted and
 ignored: generation stops on tokens, and capture records log-probs anyway. Unset sampling fields take the session's
@@ -14,7 +15,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from molt_envs.request_fields import optional, optional_str, sampling_overrides, text_of
+from molt_envs.request_fields import content_of, data_uri, optional, optional_str, sampling_overrides, text_of
 from molt_envs.sessions import BadRequest, ChatRequest, Reply, Session, WireCall
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -36,7 +37,8 @@ def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
         raise BadRequest("messages must be a non-empty list of chat messages")
-    messages = [_message(m, i) for i, m in enumerate(raw)]
+    vision = session is not None and session.template.codec is not None
+    messages = [_message(m, i, vision) for i, m in enumerate(raw)]
     tools = optional(body, "tools", list, "a list of function tools")
     for i, tool in enumerate(tools or []):
         fn = tool.get("function") if isinstance(tool, dict) else None
@@ -65,16 +67,19 @@ def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
     return WireCall(request, stream, {"include_usage": bool(options.get("include_usage"))})
 
 
-def _message(message: Any, i: int) -> dict[str, Any]:
+def _message(message: Any, i: int, vision: bool = False) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(message, dict):
         raise BadRequest(f"{where} must be an object with 'role' and 'content', got {type(message).__name__}")
     role = message.get("role")
     if role not in ROLES:
         raise BadRequest(f"{where}.role must be one of {', '.join(ROLES)}; got {role!r}")
+    content = message.get("content")
     out: dict[str, Any] = {
         "role": "system" if role == "developer" else role,
-        "content": text_of(message.get("content"), f"{where}.content"),
+        "content": content_of(content, f"{where}.content", IMAGE_PARTS, vision)
+        if role == "user"
+        else text_of(content, f"{where}.content"),
     }
     calls = message.get("tool_calls")
     if role == "assistant" and calls is not None:
@@ -85,6 +90,14 @@ def _message(message: Any, i: int) -> dict[str, Any]:
     if role == "tool":
         out["tool_call_id"] = optional_str(message.get("tool_call_id"), f"{where}.tool_call_id")
     return out
+
+
+def _image_url(part: dict[str, Any], at: str) -> str:
+    url = part.get("image_url")
+    return data_uri(url.get("url") if isinstance(url, dict) else url, f"{at}.image_url.url")
+
+
+IMAGE_PARTS = {"image_url": _image_url}
 
 
 def _tool_call(call: Any, where: str) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from molt_envs.request_fields import optional, optional_str, sampling_overrides, text_of
+from molt_envs.request_fields import content_of, data_uri, optional, optional_str, sampling_overrides, text_of
 from molt_envs.sessions import BadRequest, ChatRequest, Reply, Session, WireCall
 from molt_envs.wire_openai import error
 
@@ -85,7 +85,7 @@ def decode(body: dict[str, Any], session: Session) -> WireCall:
         items = raw
     else:
         raise BadRequest("input must be a string or a non-empty list of input items")
-    added = _messages(items, history, session.template.renders_reasoning)
+    added = _messages(items, history, session.template.renders_reasoning, session.template.codec is not None)
     messages = system + history + added
     if not messages:
         raise BadRequest("input holds no message the model can read (reasoning items only)")
@@ -169,8 +169,17 @@ def _function(tool: dict[str, Any], where: str, prefix: str = "") -> dict[str, A
     }
 
 
-def _messages(items: list[Any], history: list[dict[str, Any]], renders_reasoning: bool) -> list[dict[str, Any]]:
-    """Input items as chat messages; ``history`` (already valid) provides the calls that outputs may answer."""
+def _input_image(part: dict[str, Any], at: str) -> str:
+    if part.get("image_url") is None and part.get("file_id") is not None:
+        raise BadRequest(f"{at}.file_id: files are not served; send image_url as a base64 data: URI")
+    return data_uri(part.get("image_url"), f"{at}.image_url")
+
+
+def _messages(
+    items: list[Any], history: list[dict[str, Any]], renders_reasoning: bool, vision: bool = False
+) -> list[dict[str, Any]]:
+    """Input items as chat messages; ``history`` (already valid) provides the calls that outputs may answer.
+    ``input_image`` parts of user messages are images when the model reads them (``vision``)."""
     calls = {c["id"] for m in history for c in m.get("tool_calls") or []}
     out: list[dict[str, Any]] = []
     reasoning: list[str] = []
@@ -183,9 +192,12 @@ def _messages(items: list[Any], history: list[dict[str, Any]], renders_reasoning
             role = item.get("role")
             if role not in ROLES:
                 raise BadRequest(f"{at}.role must be one of {', '.join(ROLES)}; got {json.dumps(role)[:40]}")
+            content = item.get("content")
             message = {
                 "role": "system" if role == "developer" else role,
-                "content": text_of(item.get("content"), f"{at}.content", TEXT_PARTS),
+                "content": content_of(content, f"{at}.content", {"input_image": _input_image}, vision, TEXT_PARTS)
+                if role == "user"
+                else text_of(content, f"{at}.content", TEXT_PARTS),
             }
             if role == "assistant" and reasoning:
                 message["reasoning_content"] = "\n".join(reasoning)

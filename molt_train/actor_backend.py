@@ -1,6 +1,7 @@
 """``--actor.backend``: which library builds the policy model the trainer shards and trains.
 
-- ``hf`` (default): transformers' ``AutoModelForCausalLM`` (CPU or GPU).
+- ``hf`` (default): transformers' ``AutoModelForCausalLM`` (CPU or GPU), or ``AutoModelForImageTextToText`` for a
+  vision-language checkpoint (``molt_train.models.multimodal``).
 - ``automodel``: NVIDIA NeMo AutoModel's ``NeMoAutoModelForCausalLM`` (its own implementations of supported
   architectures, e.g. Qwen3, built on the meta device; the result is still an ``nn.Module`` with HF parameter
   names, so FSDP2 sharding, log-probs and weight sync work unchanged). Needs CUDA and the ``nemo_automodel``
@@ -38,9 +39,9 @@ def load_policy_model(
     if backend not in BACKENDS:
         raise ValueError(f"unknown --actor.backend {backend!r}; choose one of {BACKENDS}")
     if backend == "hf":
-        from transformers import AutoModelForCausalLM
+        from molt_train.models.multimodal import load_model
 
-        model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation=attn_implementation)
+        model = load_model(model_path, dtype=dtype, attn_implementation=attn_implementation)
     else:
         try:
             from nemo_automodel import NeMoAutoModelForCausalLM

@@ -3,6 +3,7 @@
 
 Everything is written into a temporary directory and renamed into place, and ``latest`` is replaced atomically
 last, so a run killed at any instant leaves either the previous checkpoint or the new one, never half of one.
+``--ckpt.save_hf`` copies each saved checkpoint's ``hf/`` to ``<output_dir>/hf_steps/step_N/``, outside the rotation.
 """
 
 from __future__ import annotations
@@ -67,6 +68,19 @@ def export_hf(group: WorkerGroup, output_dir: str | Path, tokenizer_path: str) -
     os.rename(tmp / "hf", final)
     shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def keep_hf(checkpoint: Path, output_dir: str | Path, step: int) -> Path:
+    """``--ckpt.save_hf``: copy ``checkpoint``'s model to ``<output_dir>/hf_steps/step_N`` (atomically), where the
+    rotation of ``--ckpt.max_num`` never reaches it."""
+    root = Path(output_dir) / "hf_steps"
+    root.mkdir(parents=True, exist_ok=True)
+    tmp, final = root / f".tmp-step_{step}", root / f"step_{step}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    shutil.copytree(checkpoint / "hf", tmp)
+    shutil.rmtree(final, ignore_errors=True)
+    os.rename(tmp, final)
     return final
 
 

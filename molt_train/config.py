@@ -16,11 +16,13 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from molt_train import flags
 from molt_train.actor_backend import AUTOMODEL_INSTALL_HINT, BACKENDS
 from molt_train.algorithms import ESTIMATORS, IS_LEVELS, IS_MODES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from molt_train.data import check_env_mix
 from molt_train.engines.vllm import VLLM_INSTALL_HINT
 from molt_train.engines.weight_buckets import BUCKET_BYTES
 from molt_train.flags import ConfigError, group, option
@@ -47,7 +49,11 @@ class RayConfig:
 class ModelConfig:
     """A model built from scratch (the tokenizer is trained on the env's train split)."""
 
-    config: str | None = option(None, "build a model from scratch: 'tiny'", choices=("tiny",))
+    config: str | None = option(
+        None,
+        "build a model from scratch: 'tiny' (a Qwen2 decoder) or 'tiny-vl' (a LLaVA VLM with its processor)",
+        choices=("tiny", "tiny-vl"),
+    )
     hidden_size: int = option(64, "tiny model width", minimum=1)
     num_layers: int = option(2, "tiny model depth", minimum=1)
     num_heads: int = option(4, "tiny model attention heads", minimum=1)
@@ -131,6 +137,10 @@ class DataConfig:
     input_key: str = option("input", "prompt field of --data.prompt_dataset rows")
     label_key: str = option("label", "label field of --data.prompt_dataset rows")
     output_key: str = option("output", "reference completion field of --data.prompt_dataset rows", commands=("sft",))
+    image_key: str | None = option(
+        None,
+        "image field of --data.prompt_dataset rows, for a vision model (base64, data: URIs or paths; one or a list)",
+    )
     split: str = option("train", "env split to train on")
     max_samples: int | None = option(None, "train on at most this many rows", minimum=1)
     max_len: int = option(1024, "total context (prompt + generated) in tokens", minimum=2)
@@ -268,6 +278,23 @@ class TrainConfig:
         "stops the run, named",
         commands=RL,
     )
+    rollout_dump_dir: str | None = option(
+        None,
+        "write every rollout batch the trainer takes to DIR/batch_<step>.pkl (for --train.rollout_replay_dir)",
+        commands=RL,
+    )
+    rollout_replay_dir: str | None = option(
+        None,
+        "train on the batches a --train.rollout_dump_dir run wrote, in order, with no rollout engine (no "
+        "generation, no weight sync, no eval)",
+        commands=RL,
+    )
+    colocate_fsdp_models: bool = option(
+        True,
+        "the reference ranks share the policy ranks' GPUs (bundles); --no-train.colocate_fsdp_models gives them "
+        "GPUs of their own",
+        commands=RL,
+    )
 
 
 @dataclass(frozen=True)
@@ -278,6 +305,12 @@ class CkptConfig:
     save_steps: int = option(0, "save a resumable checkpoint every N steps (0 = only at the end)", minimum=0)
     max_num: int = option(2, "resumable checkpoints kept", minimum=1)
     load_enable: bool = option(False, "resume from the latest checkpoint in --ckpt.output_dir")
+    save_hf: bool = option(
+        False,
+        "also export every --ckpt.save_steps checkpoint's model to hf_steps/step_N (safetensors + tokenizer), "
+        "kept whatever --ckpt.max_num rotates away",
+        commands=RL,
+    )
 
 
 @dataclass(frozen=True)
@@ -291,17 +324,55 @@ class EvalConfig:
     )
     max_new_tokens: int | None = option(None, "generation budget at eval (default: the rollout's)", minimum=1)
     temperature: float = option(0.0, "eval sampling temperature (0 = greedy)", minimum=0)
+    n_samples_per_prompt: int = option(1, "samples per row at eval; pass@k is logged for every k <= n", minimum=1)
     eval_at_start: bool = option(False, "evaluate before the first step", commands=RL)
+    eval_only: bool = option(
+        False,
+        "score --actor.model_name_or_path once on --eval.split (or --eval.dataset) and exit; no trainer "
+        "workers are built",
+        commands=RL,
+    )
+    dataset: str | None = option(
+        None, "JSONL file of eval rows (--data.input_key / --data.label_key fields) instead of --eval.split"
+    )
+    top_p: float | None = option(None, "eval nucleus sampling (default: --rollout.top_p)")
 
 
 @dataclass(frozen=True)
 class LoggerConfig:
-    """What a run prints and writes besides metrics.jsonl and TensorBoard."""
+    """What a run prints and writes besides metrics.jsonl and TensorBoard (and where else it logs)."""
 
     progress: bool = option(True, "rich progress bar on the console")
+    wandb_project: str | None = option(
+        None,
+        "also log every step's metrics to this Weights & Biases project; the run lives in <output_dir>/wandb "
+        "(WANDB_MODE=offline keeps it there: `wandb sync <output_dir>/wandb/offline-run-*` uploads it later)",
+    )
+    wandb_run_name: str | None = option(None, "the W&B run's name (default: W&B's)")
 
 
-ENV_HELP = "registered env ID (ns/name-vN); its train split gives prompts and labels"
+@dataclass(frozen=True)
+class JudgeConfig:
+    """LLM-as-judge rewards: the endpoint every episode's judge client (StepState["judge"], ChatContext.judge) calls."""
+
+    policy: bool = option(
+        False, "serve judge calls with the rollout engine itself: the current policy judges (weight syncs reach it)"
+    )
+    model_name_or_path: str | None = option(
+        None, "a frozen judge model (HF checkpoint), served by an hf engine of its own in the rollout actor"
+    )
+    timeout_s: float = option(60.0, "a judge call running longer ends its episode as failure_judge", minimum=0)
+    max_new_tokens: int = option(16, "tokens a judge reply may take at most", minimum=1)
+
+    @property
+    def enabled(self) -> bool:
+        return self.policy or self.model_name_or_path is not None
+
+
+ENV_HELP = (
+    "registered env ID (ns/name-vN); its train split gives prompts and labels. Repeat as ID:WEIGHT for a mix "
+    "(weights normalised; each batch drawn by weight)"
+)
 
 
 # -- the commands --
@@ -311,7 +382,7 @@ ENV_HELP = "registered env ID (ns/name-vN); its train split gives prompts and la
 class RLConfig:
     """``molt-train rl``: online RL on a registered env."""
 
-    env: str | None = option(None, ENV_HELP)
+    env: tuple[str, ...] = option((), ENV_HELP, repeat=True)
     ray: RayConfig = group(RayConfig)
     actor: ActorConfig = group(ActorConfig)
     fsdp: FSDPConfig = group(FSDPConfig)
@@ -325,8 +396,10 @@ class RLConfig:
     ckpt: CkptConfig = group(CkptConfig)
     eval: EvalConfig = group(EvalConfig)
     logger: LoggerConfig = group(LoggerConfig)
+    judge: JudgeConfig = group(JudgeConfig)
 
     def __post_init__(self) -> None:
+        check_env_mix(self)
         flags.check_declared(self, "rl")
         _set(self, "actor", replace(self.actor, num_workers=_trainer_ranks(self.actor)))
         _set(self, "vllm", replace(self.vllm, max_model_len=self.vllm.max_model_len or self.data.max_len))
@@ -342,9 +415,10 @@ class RLConfig:
         return self.algo.kl.init_coef > 0 and not self.algo.kl.use_loss
 
     def _validate(self) -> None:
-        _require_data(self)
+        if not self.eval.eval_only:
+            _require_data(self)
         _require_output_dir(self)
-        if self.env is None and self.train.agent_path is None:
+        if not self.env and self.train.agent_path is None:
             raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
         if self.actor.model_name_or_path is None:
             raise ConfigError("--actor.model_name_or_path is required (e.g. runs/sft/hf from `molt-train sft`)")
@@ -389,6 +463,65 @@ class RLConfig:
                 f"{self.rollout.top_p} renormalises away; use --rollout.top_p 1.0 or --algo.kl.ref model"
             )
         _require_installed(self.actor.backend, self.rollout.engine)
+        self._validate_run_modes()
+
+    def _validate_run_modes(self) -> None:
+        """``--eval.eval_only`` and ``--train.rollout_dump_dir`` / ``rollout_replay_dir``: runs that skip a part."""
+        ev, train = self.eval, self.train
+        if ev.top_p is not None and not 0 < ev.top_p <= 1:
+            raise ConfigError(f"--eval.top_p must be in (0, 1], got {ev.top_p}")
+        if ev.eval_only:
+            if not self.env and ev.dataset is None:
+                raise ConfigError(
+                    "--eval.eval_only needs rows: pass --env ns/name-vN (its --eval.split) or --eval.dataset FILE"
+                )
+            if ev.max_samples == 0:
+                raise ConfigError("--eval.eval_only with --eval.max_samples 0 has nothing to score; drop one of them")
+            for flag, value in (
+                ("--ckpt.load_enable", self.ckpt.load_enable),
+                ("--train.rollout_replay_dir", train.rollout_replay_dir),
+                ("--train.rollout_dump_dir", train.rollout_dump_dir),
+            ):
+                if value:
+                    raise ConfigError(
+                        f"--eval.eval_only scores --actor.model_name_or_path and trains nothing, so {flag} does "
+                        "nothing; drop it (to score a checkpoint, pass its hf/ directory as --actor.model_name_or_path)"
+                    )
+        if train.colocate_all and not train.colocate_fsdp_models:
+            raise ConfigError(
+                "--train.colocate_all puts the reference ranks on the policy's GPUs, which "
+                "--no-train.colocate_fsdp_models forbids; drop one of them"
+            )
+        if self.judge.policy and self.judge.model_name_or_path:
+            raise ConfigError(
+                "--judge.policy (the policy judges) and --judge.model_name_or_path (a frozen judge) are two judges; "
+                "keep one"
+            )
+        if train.rollout_replay_dir is None:
+            return
+        if self.judge.enabled:
+            raise ConfigError(
+                "--train.rollout_replay_dir builds no rollout engine and runs no env, so no judge is called; "
+                "drop --judge.*"
+            )
+        if train.rollout_dump_dir is not None:
+            raise ConfigError(
+                "--train.rollout_replay_dir trains on dumped batches and generates none, so there is nothing for "
+                "--train.rollout_dump_dir to write; drop one of them"
+            )
+        if not Path(train.rollout_replay_dir).is_dir():
+            raise ConfigError(
+                f"--train.rollout_replay_dir {train.rollout_replay_dir!r} is not a directory; pass the "
+                "--train.rollout_dump_dir of an earlier run"
+            )
+        for flag, value in (
+            ("--eval.steps", ev.steps),
+            ("--eval.eval_at_start", ev.eval_at_start),
+            ("--train.partial_rollout_enable", train.partial_rollout_enable),
+            ("--train.check_weight_update_equal", train.check_weight_update_equal),
+        ):
+            if value:
+                raise ConfigError(f"--train.rollout_replay_dir builds no rollout engine, so {flag} cannot act; drop it")
 
     def _validate_engine(self) -> None:
         """``--rollout.engine`` and what goes with it: vllm runs single-GPU engines, colocated (CUDA IPC weight
@@ -475,7 +608,7 @@ class RLConfig:
 class SFTConfig:
     """``molt-train sft``: supervised fine-tuning on an env's reference completions."""
 
-    env: str | None = option(None, ENV_HELP)
+    env: tuple[str, ...] = option((), ENV_HELP, repeat=True)
     ray: RayConfig = group(RayConfig)
     model: ModelConfig = group(ModelConfig)
     actor: ActorConfig = group(ActorConfig)
@@ -488,12 +621,13 @@ class SFTConfig:
     logger: LoggerConfig = group(LoggerConfig)
 
     def __post_init__(self) -> None:
+        check_env_mix(self)
         flags.check_declared(self, "sft")
         _require_data(self)
         _require_output_dir(self)
         if (self.model.config is None) == (self.actor.model_name_or_path is None):
             raise ConfigError(
-                "pass exactly one of --model.config tiny (train from scratch) and "
+                "pass exactly one of --model.config tiny|tiny-vl (train from scratch) and "
                 "--actor.model_name_or_path DIR (fine-tune a checkpoint)"
             )
         if self.train.batch_size < 1:
@@ -549,7 +683,7 @@ def _trainer_ranks(actor: ActorConfig) -> int:
 
 
 def _require_data(cfg: RLConfig | SFTConfig) -> None:
-    if cfg.env is None and cfg.data.prompt_dataset is None:
+    if not cfg.env and cfg.data.prompt_dataset is None:
         raise ConfigError("no data: pass --env ns/name-vN (its train split) or --data.prompt_dataset FILE.jsonl")
 
 

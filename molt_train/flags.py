@@ -6,7 +6,8 @@ help (``option``); a field that holds another group (``group``) nests it: ``Acto
 parse nor show it. ``choices`` and ``minimum`` are checked by ``check_declared`` with errors naming the flag.
 
 Supported field types: ``bool`` (``--flag`` / ``--no-flag``), ``int``, ``float``, ``str``, ``X | None``,
-``tuple[X, X]`` (two values) and ``tuple[X, ...]`` (one or more values).
+``tuple[X, X]`` (two values) and ``tuple[X, ...]`` (one or more values; with ``repeat=True`` one value per
+occurrence: ``--env A --env B``).
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ def option(
     choices: Collection[str] | None = None,
     minimum: float | None = None,
     commands: tuple[str, ...] | None = None,
+    repeat: bool = False,
 ) -> Any:
     """A flag's field. ``choices``: the allowed values (a registry dict may grow after import: read at use);
-    ``minimum``: the smallest allowed value; ``commands``: the commands that read it (None: all that have its group)."""
-    meta = {"help": help, "choices": choices, "minimum": minimum, "commands": commands}
+    ``minimum``: the smallest allowed value; ``commands``: the commands that read it (None: all that have its group);
+    ``repeat``: a ``tuple[X, ...]`` field given as the flag repeated, one value each time."""
+    meta = {"help": help, "choices": choices, "minimum": minimum, "commands": commands, "repeat": repeat}
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -60,6 +63,7 @@ class Flag:
     choices: Collection[str] | None
     minimum: float | None
     group: str  # the top-level group ("actor" for actor.adam.lr; "" for a top-level flag such as --env)
+    repeat: bool = False  # one value per occurrence of the flag
 
 
 def flags(cls: type, command: str) -> Iterator[Flag]:
@@ -92,6 +96,7 @@ def _walk(
             choices=f.metadata.get("choices"),
             minimum=f.metadata.get("minimum"),
             group=top,
+            repeat=f.metadata.get("repeat", False),
         )
 
 
@@ -129,6 +134,11 @@ def build_parser(cls: type, command: str, description: str | None = None) -> arg
         if flag.kind is bool:
             section.add_argument(
                 f"--{flag.name}", action=argparse.BooleanOptionalAction, default=flag.default, help=help_
+            )
+            continue
+        if flag.repeat:  # argparse appends to a copy of the (list) default
+            section.add_argument(
+                f"--{flag.name}", action="append", type=flag.kind, default=list(flag.default), help=help_
             )
             continue
         if flag.default is not None:
@@ -229,4 +239,6 @@ def markdown(commands: dict[str, type]) -> str:
 
 
 def _shown(default: Any) -> str:
+    if default == ():
+        return "none"
     return " ".join(map(str, default)) if isinstance(default, tuple) else str(default)

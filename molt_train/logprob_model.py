@@ -2,7 +2,9 @@
 
 Log-probs are computed in chunks of ``chunk_size`` positions, each recomputed in backward, so the fp32
 full-vocabulary logits of the whole batch never exist at once. With ``share_prefixes``, the rows of a group that
-share their prompt run that prefix once (a KV cache copied to each row); see the class docstring.
+share their prompt run that prefix once (a KV cache copied to each row); see the class docstring. A vision model's
+rows bring their image tensors (``mm``), consumed by the model with its own positions (M-RoPE for Qwen2-VL-family
+models: ``molt_train.models.multimodal.position_ids``).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import inspect
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
+
+from molt_train.models.multimodal import position_ids
 
 
 def _chunk_logp(hidden: Tensor, targets: Tensor, weight: Tensor, temperature: float) -> Tensor:
@@ -42,10 +46,16 @@ class LogProbModel(nn.Module):
         self._cache_arg = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
 
     def forward(
-        self, input_ids: Tensor, attention_mask: Tensor, temperature: float = 1.0, action_mask: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        temperature: float = 1.0,
+        action_mask: Tensor | None = None,
+        mm: dict[str, Tensor] | None = None,
     ) -> Tensor:
-        """``action_mask`` (N, L-1): where the actions start, for prefix sharing (None: a plain forward)."""
-        if self.share_prefixes and action_mask is not None:
+        """``action_mask`` (N, L-1): where the actions start, for prefix sharing (None: a plain forward). ``mm``: the
+        rows' image tensors, concatenated in row order (a vision model's rows; no prefix sharing then)."""
+        if self.share_prefixes and action_mask is not None and not mm:
             lengths = attention_mask.sum(1)
             first_action = torch.where(action_mask.any(1), action_mask.int().argmax(1) + 1, lengths)
             prefix_lens = torch.minimum(first_action, lengths).clamp(min=1)
@@ -67,12 +77,13 @@ class LogProbModel(nn.Module):
                     torch.tensor([slot[o] for o in owner], device=device),
                     suffix,
                 )
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        mm = mm or {}
         hidden = self.lm.model(
             input_ids=input_ids,
             attention_mask=attention_mask,  # [0]: a ModelOutput or a
-            position_ids=position_ids,
+            position_ids=position_ids(self.lm, input_ids, attention_mask, mm),
             use_cache=False,
+            **mm,
         )[0][:, :-1]  # tuple (AutoModel's)
         return self._logp(hidden, input_ids[:, 1:], temperature).clone()  # FSDP2 warns on view outputs
 

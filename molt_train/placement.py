@@ -42,6 +42,8 @@ class Placement:
     bundles: the placement group's bundles, () for none; ``strategy`` how Ray places them.
     trainer_bundles: the bundle of each trainer rank (rank i -> ``trainer_bundles[i]``), () without a group.
     engine_bundle: the rollout actor's bundle, None without a group.
+    reference_gpus / reference_bundles: the same for the reference ranks: the trainer's own with
+        ``--train.colocate_fsdp_models`` (the default), GPUs (bundles) of their own without it.
     weight_sync: "object_store" (the hf engine: a CPU state dict), "cuda_ipc" (vllm on rank 0's GPU) or "nccl"
         (vllm on a GPU of its own, rank 0 broadcasts).
     rollout_threads / trainer_threads / reference_threads: torch CPU threads of each process.
@@ -57,6 +59,8 @@ class Placement:
     strategy: str = "STRICT_PACK"
     trainer_bundles: tuple[int, ...] = ()
     engine_bundle: int | None = None
+    reference_gpus: float = 0.0  # each reference rank's share of a GPU (= trainer_gpus when colocated)
+    reference_bundles: tuple[int, ...] = ()  # the bundle of each reference rank (the trainer's when colocated)
 
 
 def plan_placement(cfg: RLConfig, cluster_gpus: float, host_cpus: int) -> Placement:
@@ -91,20 +95,33 @@ def plan_placement(cfg: RLConfig, cluster_gpus: float, host_cpus: int) -> Placem
         "trainer_threads": threads(ranks + overlap),
         "reference_threads": threads(ranks),
     }
+    # --no-train.colocate_fsdp_models: the reference ranks on GPUs of their own (only a GPU run has any to give)
+    separate = not cfg.train.colocate_fsdp_models and cfg.algo.kl.init_coef > 0 and cfg.algo.kl.ref == "model"
+    separate = separate and trainer_gpus > 0
     if engine != "vllm":
-        return Placement(**plan)
-    bundles = ({"GPU": 1.0},) * (ranks + int(nccl))
+        if separate and cluster_gpus < 2 * ranks:
+            raise RuntimeError(
+                f"--no-train.colocate_fsdp_models gives the reference ranks GPUs of their own: {2 * ranks} GPUs for "
+                f"{ranks} policy + {ranks} reference ranks, but the Ray cluster has {cluster_gpus:g}; drop "
+                "--no-train.colocate_fsdp_models or use fewer trainer ranks"
+            )
+        return Placement(**plan, reference_gpus=1.0 if separate else trainer_gpus)
+    refs = ranks if separate else 0
+    bundles = ({"GPU": 1.0},) * (ranks + refs + int(nccl))
     if cluster_gpus < len(bundles):
         raise RuntimeError(
             f"--rollout.engine vllm puts each of the --actor.num_workers trainer ranks on a GPU of its own, and "
-            f"the engine too unless --train.colocate_all: {len(bundles)} GPUs, but the Ray cluster has "
-            f"{cluster_gpus:g}; add --train.colocate_all or use fewer trainer ranks"
+            f"the engine too unless --train.colocate_all (and the reference ranks with "
+            f"--no-train.colocate_fsdp_models): {len(bundles)} GPUs, but the Ray cluster has {cluster_gpus:g}; add "
+            "--train.colocate_all or use fewer trainer ranks"
         )
     return Placement(
         **plan,
         bundles=bundles,
         trainer_bundles=tuple(range(ranks)),
-        engine_bundle=ranks if nccl else 0,
+        engine_bundle=ranks + refs if nccl else 0,
+        reference_gpus=trainer_gpus,
+        reference_bundles=tuple(range(ranks, ranks + refs)) if separate else tuple(range(ranks)),
     )
 
 

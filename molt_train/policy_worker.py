@@ -1,7 +1,8 @@
 """``PolicyWorker``: one FSDP2 rank of the policy (or of the frozen reference), run as a Ray actor.
 
-A transformers causal LM (``--actor.backend``) is sharded with ``fully_shard`` (each decoder layer, then the root),
-gloo on CPU and NCCL on GPU, and wrapped in a ``LogProbModel``. The worker receives the ``--actor.*`` group itself
+A transformers causal LM (``--actor.backend``) is sharded with ``fully_shard`` (each decoder layer, a vision model's
+vision blocks too, then the root), gloo on CPU and NCCL on GPU, and wrapped in a ``LogProbModel``. A vision model's
+micro-batches carry their rows' image tensors (``mm``), which the forward consumes. The worker receives the ``--actor.*`` group itself
 (``ActorConfig``) and, per step, the ``--algo.*`` group (``AlgoConfig``): ``train_step`` runs one optimizer step over
 the worker's micro-batches with ``rl_loss`` (or, without an ``AlgoConfig``, the SFT loss). The loss denominators are
 those of the whole optimizer window (all micro-batches on all data-parallel ranks), and the loss is scaled by the
@@ -25,6 +26,7 @@ from molt_train import parallel
 from molt_train.actor_backend import load_policy_model
 from molt_train.algorithms import aggregate, get_policy_loss, is_correction, kl_loss, mismatch_metrics
 from molt_train.logprob_model import LogProbModel
+from molt_train.models.multimodal import layers_to_shard, load_processor, model_class
 from molt_train.parallel import FSDPConfig
 
 if TYPE_CHECKING:
@@ -144,7 +146,7 @@ class PolicyWorker:
             parallel.tensor_parallel(lm, mesh["tp"])
         self.dp_size, dp_mesh = mesh["dp"].size(), mesh["dp"]
         shard = {"mp_policy": precision, "offload_policy": parallel.offload_policy(fsdp, pin_memory=gpu)}
-        for layer in lm.model.layers:
+        for layer in layers_to_shard(lm):
             if compiled:  # the forward only: FSDP2's hooks around it stay eager
                 layer.forward = torch.compile(layer.forward)
             # one rank: keep the layer's compute-dtype copy from forward to backward (resharding frees nothing)
@@ -184,6 +186,7 @@ class PolicyWorker:
                 mb["attention_mask"].to(self.device),
                 temperature,
                 mb["action_mask"].to(self.device),
+                _mm(mb, self.device),
             ).cpu()
             for mb in micro_batches
         ]
@@ -207,7 +210,7 @@ class PolicyWorker:
             mb = _to_device(mb, self.device)
             mask = mb["action_mask"]
             n = int(mask.sum())
-            logp = self.model(mb["input_ids"], mb["attention_mask"], temperature, mask)
+            logp = self.model(mb["input_ids"], mb["attention_mask"], temperature, mask, mb["mm"])
             if algo is None:
                 loss, metrics = aggregate(-logp, mask, num_tokens=window["num_tokens"]), {}
             else:
@@ -297,9 +300,9 @@ class PolicyWorker:
             torch.cuda.ipc_collect()
 
     def save(self, directory: str, tokenizer_path: str, with_state: bool = True) -> None:
-        """HF safetensors (+ tokenizer) and the optimizer/scheduler/RNG state; every rank must call it."""
+        """HF safetensors (+ tokenizer, or a vision model's processor) and the optimizer/scheduler/RNG state; every
+        rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
-        from transformers import AutoModelForCausalLM, AutoTokenizer
 
         weights = self.full_state_dict()
         optim = None
@@ -310,14 +313,14 @@ class PolicyWorker:
         if self.rank != 0:
             return
         out = Path(directory)
-        model = AutoModelForCausalLM.from_config(self.config, dtype=torch.float32)
+        model = model_class(self.config).from_config(self.config, dtype=torch.float32)
         missing, unexpected = model.load_state_dict(weights, strict=False)
         tied = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
         if unexpected or set(missing) - tied:
             raise RuntimeError(f"checkpoint weights do not match the model: missing {missing}, unexpected {unexpected}")
         model.tie_weights()
         model.save_pretrained(out / "hf")
-        AutoTokenizer.from_pretrained(tokenizer_path).save_pretrained(out / "hf")
+        load_processor(tokenizer_path).save_pretrained(out / "hf")
         if optim is not None:
             torch.save(
                 {
@@ -366,7 +369,13 @@ def free_port() -> tuple[str, int]:
 
 
 def _to_device(mb: dict[str, Any], device: torch.device) -> dict[str, Any]:
-    """A micro-batch with its tensors (and those of ``extra``) on ``device``."""
+    """A micro-batch with its tensors (and those of ``extra`` and ``mm``) on ``device``."""
     moved = {k: v.to(device) if isinstance(v, Tensor) else v for k, v in mb.items()}
     moved["extra"] = {k: v.to(device) for k, v in mb.get("extra", {}).items()}
+    moved["mm"] = _mm(mb, device)
     return moved
+
+
+def _mm(mb: dict[str, Any], device: torch.device) -> dict[str, Tensor]:
+    """The micro-batch's image tensors on ``device`` (empty for text rows)."""
+    return {k: v.to(device) for k, v in mb.get("mm", {}).items()}

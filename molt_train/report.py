@@ -1,20 +1,27 @@
 """``molt-train report RUN_DIR``: plot a run's metrics.jsonl to RUN_DIR/report.png (reward, held-out accuracy, KL,
-lengths vs step)."""
+lengths vs step; a mixed run's reward and accuracy per env too)."""
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 from collections.abc import Sequence
 from pathlib import Path
 
 from molt_train.metrics import read_metrics
 
-PANELS = [
-    ("reward", ["rollout/reward_mean"]),
-    ("held-out accuracy", ["eval/accuracy"]),
+PANELS = [  # key patterns (fnmatch): a mixed run adds a curve per env
+    ("reward", ["rollout/reward_mean", "rollout/*/reward_mean"]),
+    ("held-out accuracy", ["eval/accuracy", "eval/*/accuracy"]),
     ("KL", ["kl", "mismatch/k3_kl"]),
     ("length (tokens)", ["rollout/response_length", "eval/response_length"]),
 ]
+
+
+def curves(records: list[dict[str, float]]) -> list[tuple[str, list[str]]]:
+    """Each panel's title and the logged keys it plots (its patterns matched against ``records``' keys)."""
+    logged = sorted(set().union(*records)) if records else []
+    return [(name, [k for p in patterns for k in fnmatch.filter(logged, p)]) for name, patterns in PANELS]
 
 
 def write_report(run_dir: str | Path, title: str | None = None) -> Path:
@@ -25,7 +32,7 @@ def write_report(run_dir: str | Path, title: str | None = None) -> Path:
 
     records = read_metrics(run_dir)
     fig, axes = plt.subplots(1, len(PANELS), figsize=(4.2 * len(PANELS), 3.4))
-    for ax, (name, keys) in zip(axes, PANELS, strict=True):
+    for ax, (name, keys) in zip(axes, curves(records), strict=True):
         for key in keys:
             points = [(r["step"], r[key]) for r in records if key in r]
             if points:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 from molt_train.config import parse
-from molt_train.rl_trainer import RLTrainer
+from molt_train.rl_trainer import RLTrainer, evaluate_once
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse("rl", argv)
+    if cfg.eval.eval_only:
+        metrics = evaluate_once(cfg)
+        print(json.dumps({"env": cfg.env, "eval_dataset": cfg.eval.dataset, **metrics}))
+        return 0
     trainer = RLTrainer(cfg)
     if trainer.resumed_from is not None:
         print(f"resumed from step {trainer.start_step} ({trainer.resumed_from})", flush=True)

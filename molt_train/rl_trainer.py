@@ -28,19 +28,24 @@ from typing import Any
 
 import torch
 
-from molt_train import checkpoint
+from molt_train import checkpoint, rollout_dump
 from molt_train.algorithms import AdvantageInputs, approx_kl, dynamic_filtering, get_estimator, shape_rewards
 from molt_train.config import RLConfig
-from molt_train.data import load_rows
+from molt_train.data import env_mix, load_eval_rows, load_rows
 from molt_train.experience import Experience, make_experience
 from molt_train.metrics import MetricsLogger
 from molt_train.parallel import FSDPConfig
 from molt_train.placement import in_bundle, plan_placement, reserve
 from molt_train.rollout import RolloutWorker, eval_sampling
-from molt_train.runtime import init_ray
+from molt_train.runtime import cpu_threads, init_ray
 from molt_train.worker_group import WorkerGroup
 
-STATUS_KEYS = ("rollout/reward_mean", "eval/accuracy", "rollout/dropped_total", "timing/step")
+STATUS_KEYS = {
+    "reward_mean": "rollout/reward_mean",
+    "accuracy": "eval/accuracy",
+    "dropped_total": "rollout/dropped_total",
+    "step": "timing/step",
+}
 
 
 class RLTrainer:
@@ -57,13 +62,16 @@ class RLTrainer:
         self.start_step, model_path = 0, str(Path(cfg.actor.model_name_or_path).resolve())
         self.tokenizer_path = model_path
         self.resumed_from = checkpoint.latest(self.output_dir) if cfg.ckpt.load_enable else None
+        self.data_state: dict[str, Any] | None = None  # each env's data position after the last batch trained on
         if self.resumed_from is not None:
-            self.start_step = checkpoint.read_state(self.resumed_from)["step"]
+            state = checkpoint.read_state(self.resumed_from)
+            self.start_step, self.data_state = state["step"], state.get("data")
             model_path = str(self.resumed_from / "hf")
-        self.eval_rows = load_rows(cfg, cfg.eval.split, cfg.eval.max_samples) if cfg.env else []
+        self.replay = cfg.train.rollout_replay_dir is not None  # no engine, no generation: the dumped batches
+        self.eval_rows = load_eval_rows(cfg) if (cfg.env or cfg.eval.dataset) and not self.replay else []
         self.placement = plan_placement(cfg, ray.cluster_resources().get("GPU", 0), os.cpu_count() or 1)
         self.group = reserve(self.placement)
-        self.rollout = self._start_rollout(model_path, load_rows(cfg))
+        self.rollout = None if self.replay else self._start_rollout(model_path, load_rows(cfg))
         self.steps_per_batch = self._optimizer_steps_per_batch()
         self.policy = WorkerGroup(
             cfg.actor,
@@ -71,10 +79,14 @@ class RLTrainer:
             model_path,
             total_steps=cfg.train.num_steps * self.steps_per_batch,
             num_threads=self.placement.trainer_threads,
+            gpus=self.placement.trainer_gpus,
+            placement=self.group,
+            bundles=self.placement.trainer_bundles,
             fsdp=cfg.fsdp,
-            **self._trainer_slots(),
         )
-        if self.placement.weight_sync == "nccl":  # trainer rank 0 + the engine's one worker: the weight-sync group
+        if (
+            self.placement.weight_sync == "nccl" and not self.replay
+        ):  # trainer rank 0 + the engine's one worker: the weight-sync group
             host, port = ray.get(self.policy.workers[0].node_endpoint.remote())
             ray.get(
                 [
@@ -92,8 +104,10 @@ class RLTrainer:
                 trainable=False,
                 num_threads=self.placement.reference_threads,
                 name="ref",
+                gpus=self.placement.reference_gpus,
+                placement=self.group,
+                bundles=self.placement.reference_bundles,
                 fsdp=FSDPConfig(tp_size=cfg.fsdp.tp_size),  # frozen: nothing to offload
-                **self._trainer_slots(),
             )
         # the ranks build their model in the background: wait for them here (start-up, not the first step's time)
         ray.get([w.__ray_ready__.remote() for g in (self.policy, self.reference) if g is not None for w in g.workers])
@@ -103,7 +117,8 @@ class RLTrainer:
 
         tok = AutoTokenizer.from_pretrained(self.tokenizer_path)
         self.pad_id = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
-        self._open_queues()
+        if not self.replay:
+            self._open_queues()
         import torch.utils.tensorboard  # noqa: F401  (run()'s MetricsLogger: ~0.2 s to import, start-up time)
 
     def _start_rollout(self, model_path: str, rows: list[dict[str, Any]]) -> Any:
@@ -112,27 +127,20 @@ class RLTrainer:
         import ray
 
         cfg, placement = self.cfg, self.placement
-        agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
-        actor = ray.remote(num_cpus=0, num_gpus=placement.engine_gpus)(RolloutWorker)
-        rollout = actor.options(max_concurrency=1000, **in_bundle(self.group, placement.engine_bundle)).remote(
+        rollout = start_rollout_worker(
+            cfg,
             model_path,
-            env_id=cfg.env,
-            agent_path=agent_path,
-            max_len=cfg.data.max_len,
-            timeout_s=cfg.rollout.timeout_s,
-            max_batch_size=cfg.rollout.max_batch_size,
+            num_gpus=placement.engine_gpus,
             num_threads=placement.rollout_threads,
-            engine=cfg.rollout.engine,
-            partial_rollout=cfg.train.partial_rollout_enable,
+            options=in_bundle(self.group, placement.engine_bundle),
         )
-        if cfg.rollout.engine == "vllm":
-            ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed))
-        ray.get(rollout.set_prompts.remote(rows, cfg.rollout.batch_size, cfg.train.seed))
+        weights = {e.env_id: e.weight for e in env_mix(cfg)} if not cfg.data.prompt_dataset else None
+        ray.get(
+            rollout.set_prompts.remote(
+                rows, cfg.rollout.batch_size, cfg.train.seed, weights, self.data_state, self.start_step
+            )
+        )
         return rollout
-
-    def _trainer_slots(self) -> dict[str, Any]:
-        """Where the policy's (and the reference's) ranks go: their GPU share and bundles."""
-        return {"gpus": self.placement.trainer_gpus, "placement": self.group, "bundles": self.placement.trainer_bundles}
 
     def _optimizer_steps_per_batch(self) -> int:
         rows = self.cfg.rollout.batch_size * self.cfg.rollout.n_samples_per_prompt
@@ -156,12 +164,19 @@ class RLTrainer:
 
         cfg = self.cfg
         total = cfg.train.num_steps
-        logger = MetricsLogger(self.output_dir, total, self.start_step, cfg.logger.progress, "rl")
+        logger = MetricsLogger(
+            self.output_dir, total, self.start_step, cfg.logger.progress, "rl", cfg.logger, dataclasses.asdict(cfg)
+        )
+        status = dict(STATUS_KEYS) | {
+            e.env_id.rsplit("/", 1)[-1]: f"rollout/{e.env_id}/reward_mean" for e in env_mix(cfg)
+        }
         r = cfg.rollout
         sampling = {"temperature": r.temperature, "top_p": r.top_p, "top_k": r.top_k, "max_tokens": r.max_new_tokens}
-        self.producer = producer = self.rollout.produce.remote(
-            self.queue, self.slots, self.start_step, total, sampling, r.n_samples_per_prompt, cfg.train.seed
-        )
+        producer = None
+        if not self.replay:
+            self.producer = producer = self.rollout.produce.remote(
+                self.queue, self.slots, self.start_step, total, sampling, r.n_samples_per_prompt, cfg.train.seed
+            )
         last: dict[str, float] = {}
         try:
             if cfg.eval.eval_at_start and self.start_step == 0 and self.eval_rows:
@@ -172,11 +187,16 @@ class RLTrainer:
                     last.update(self.evaluate())
                 if cfg.ckpt.save_steps and step % cfg.ckpt.save_steps == 0 and step < total:
                     t = time.perf_counter()
-                    state = {"data_position": step * cfg.rollout.batch_size}
-                    checkpoint.save(self.policy, self.output_dir, step, self.tokenizer_path, state, cfg.ckpt.max_num)
+                    state = {"data": self.data_state}
+                    saved = checkpoint.save(
+                        self.policy, self.output_dir, step, self.tokenizer_path, state, cfg.ckpt.max_num
+                    )
+                    if cfg.ckpt.save_hf:
+                        checkpoint.keep_hf(saved, self.output_dir, step)
                     last["timing/checkpoint_s"] = time.perf_counter() - t
-                logger.log(step, last, STATUS_KEYS)
-            ray.get(producer)
+                logger.log(step, last, status if len(cfg.env) > 1 else STATUS_KEYS)
+            if producer is not None:
+                ray.get(producer)
             checkpoint.export_hf(self.policy, self.output_dir, self.tokenizer_path)
         finally:
             logger.close()
@@ -187,14 +207,15 @@ class RLTrainer:
 
         cfg, t_step = self.cfg, time.perf_counter()
         t_wait = time.time()
-        batch = self._next_batch()
+        batch = self._next_batch(step - 1)
         metrics: dict[str, float] = {"timing/actor_idle_wait": time.time() - t_wait}
         if batch["step"] != step - 1:
             raise RuntimeError(f"rollout queue out of order: expected batch {step - 1}, got {batch['step']}")
-        if not cfg.train.force_sync_mode:
+        if not cfg.train.force_sync_mode and not self.replay:
             self.slots.put(1)  # the next rollout starts now, overlapping this step's training
+        self.data_state = batch["data_state"]
         metrics.update(rollout_metrics(batch))
-        sleeping = cfg.rollout.engine == "vllm" and cfg.vllm.enable_sleep
+        sleeping = cfg.rollout.engine == "vllm" and cfg.vllm.enable_sleep and not self.replay
         if sleeping:  # force_sync_mode: nothing is generating until the sync
             t = time.perf_counter()
             ray.get(self.rollout.sleep.remote())
@@ -211,26 +232,34 @@ class RLTrainer:
             t = time.perf_counter()
             ray.get(self.rollout.wake_up.remote())
             metrics["timing/engine_wake_s"] = time.perf_counter() - t
-        metrics.update(self.sync_weights())
-        if cfg.train.force_sync_mode:
+        if not self.replay:
+            metrics.update(self.sync_weights())
+        if cfg.train.force_sync_mode and not self.replay:
             self.slots.put(1)
         metrics["timing/step"] = time.perf_counter() - t_step
         metrics["engine/generated_tokens"] = float(batch["generated_tokens"])
         return metrics
 
-    def _next_batch(self) -> dict[str, Any]:
-        """The next rollout batch; if the producer died instead, its exception is raised here."""
+    def _next_batch(self, index: int) -> dict[str, Any]:
+        """The next rollout batch (``--train.rollout_replay_dir``: dumped batch ``index``); if the producer died
+        instead, its exception is raised here. ``--train.rollout_dump_dir`` keeps a copy of each."""
+        if self.replay:
+            return rollout_dump.read(self.cfg.train.rollout_replay_dir, index)
         import ray
         from ray.util.queue import Empty
 
         while True:
             try:
-                return ray.get(self.queue.get(timeout=1.0)[0])  # [a reference to the batch]
+                batch = ray.get(self.queue.get(timeout=1.0)[0])  # [a reference to the batch]
+                break
             except Empty:
                 done, _ = ray.wait([self.producer], timeout=0)
                 if done:
                     ray.get(done[0])  # raises the producer's error
                     raise RuntimeError("the rollout producer finished early; no batch is coming") from None
+        if self.cfg.train.rollout_dump_dir:
+            rollout_dump.write(self.cfg.train.rollout_dump_dir, batch)
+        return batch
 
     def prepare(self, exp: Experience) -> tuple[Experience, dict[str, float]]:
         """Reward shaping, dynamic filtering, pi_old / reference log-probs and advantages."""
@@ -308,7 +337,9 @@ class RLTrainer:
         import ray
 
         t = time.perf_counter()
-        result = ray.get(self.rollout.evaluate.remote(self.eval_rows, eval_sampling(self.cfg)))
+        result = ray.get(
+            self.rollout.evaluate.remote(self.eval_rows, eval_sampling(self.cfg), self.cfg.eval.n_samples_per_prompt)
+        )
         out = {f"eval/{k}": v for k, v in result.items()}
         out["timing/eval_s"] = time.perf_counter() - t
         return out
@@ -320,12 +351,77 @@ class RLTrainer:
             if group is not None:
                 group.shutdown()
         try:
-            if self.cfg.rollout.engine == "vllm":
-                ray.get(self.rollout.shutdown.remote(), timeout=60)  # vLLM's engine-core process
+            if (self.cfg.rollout.engine == "vllm" or self.cfg.judge.enabled) and self.rollout is not None:
+                ray.get(self.rollout.shutdown.remote(), timeout=60)  # vLLM's engine-core process, the judge server
         finally:
-            ray.kill(self.rollout)
+            if self.rollout is not None:
+                ray.kill(self.rollout)
         if self.group is not None:
             ray.util.remove_placement_group(self.group)
+
+
+def start_rollout_worker(
+    cfg: RLConfig, model_path: str, *, num_gpus: float, num_threads: int, options: dict[str, Any]
+) -> Any:
+    """The ``RolloutWorker`` Ray actor of ``cfg``'s engine and agent, its engine started (vLLM sizes its KV cache
+    before anything else allocates)."""
+    import ray
+
+    agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
+    actor = ray.remote(num_cpus=0, num_gpus=num_gpus)(RolloutWorker)
+    rollout = actor.options(max_concurrency=1000, **options).remote(
+        model_path,
+        env_id=[e.env_id for e in env_mix(cfg)],
+        agent_path=agent_path,
+        max_len=cfg.data.max_len,
+        timeout_s=cfg.rollout.timeout_s,
+        max_batch_size=cfg.rollout.max_batch_size,
+        num_threads=num_threads,
+        engine=cfg.rollout.engine,
+        partial_rollout=cfg.train.partial_rollout_enable,
+    )
+    if cfg.rollout.engine == "vllm":
+        ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed))
+    if cfg.judge.enabled:
+        ray.get(rollout.start_judge.remote(cfg.judge))
+    return rollout
+
+
+def evaluate_once(cfg: RLConfig) -> dict[str, float]:
+    """``--eval.eval_only``: score ``--actor.model_name_or_path`` on the eval rows through the rollout engine and
+    nothing else (no trainer ranks, no reference, no placement group: the vllm engine takes one whole GPU). Writes
+    ``metrics.jsonl`` (step 0) and ``eval_results.json`` under ``--ckpt.output_dir``; returns the ``eval/*``
+    metrics."""
+    import ray
+
+    output_dir = Path(cfg.ckpt.output_dir).resolve()
+    output_dir.mkdir(parents=True, exist_ok=True)
+    init_ray(cfg.ray)
+    model_path = str(Path(cfg.actor.model_name_or_path).resolve())
+    gpus = 1.0 if cfg.rollout.engine == "vllm" else 0.0
+    rollout = start_rollout_worker(
+        cfg, model_path, num_gpus=gpus, num_threads=cpu_threads(cfg.actor.num_threads, 1), options={}
+    )
+    try:
+        t = time.perf_counter()
+        rows = load_eval_rows(cfg)
+        result = ray.get(rollout.evaluate.remote(rows, eval_sampling(cfg), cfg.eval.n_samples_per_prompt))
+        metrics = {f"eval/{k}": v for k, v in result.items()} | {"timing/eval_s": time.perf_counter() - t}
+    finally:
+        try:
+            if cfg.rollout.engine == "vllm" or cfg.judge.enabled:
+                ray.get(rollout.shutdown.remote(), timeout=60)
+        finally:
+            ray.kill(rollout)
+    logger = MetricsLogger(
+        output_dir, 0, progress=False, description="eval", logger=cfg.logger, config=dataclasses.asdict(cfg)
+    )
+    logger.log(0, metrics)
+    logger.close()
+    source = {"dataset": cfg.eval.dataset} if cfg.eval.dataset else {"split": cfg.eval.split}
+    record = {"env": cfg.env, "model": model_path, **source, "sampling": eval_sampling(cfg), **metrics}
+    (output_dir / "eval_results.json").write_text(json.dumps(record, indent=1))
+    return metrics
 
 
 def shape_and_filter(exp: Experience, cfg: RLConfig) -> tuple[Experience, dict[str, float]]:
@@ -376,8 +472,30 @@ def estimate_advantages(exp: Experience, cfg: RLConfig) -> dict[str, float]:
 
 
 def rollout_metrics(batch: dict[str, Any]) -> dict[str, float]:
-    """Per-rollout averages (a rollout's segments count once), drop counts by reason, timing."""
-    trajs = batch["trajectories"]
+    """Per-rollout averages (a rollout's segments count once), drop counts by reason, timing; the same rollout
+    figures per env (``rollout/<env>/reward_mean``, ``rollout/<env>/dropped/<reason>``, ...) for rows of an env."""
+    metrics = {f"rollout/{k}": v for k, v in _rollout_figures(batch["trajectories"], batch["dropped"]).items()}
+    metrics["rollout/num_rollouts"] = float(batch["num_rollouts"])
+    envs = batch.get("trajectory_envs", [])
+    for env, counts in batch.get("per_env", {}).items():
+        mine = [t for t, e in zip(batch["trajectories"], envs, strict=True) if e == env]
+        figures = _rollout_figures(mine, counts["dropped"]) | {"num_rollouts": float(counts["num_rollouts"])}
+        metrics.update({f"rollout/{env}/{k}": v for k, v in figures.items()})
+    judge = batch.get("judge")
+    if judge is not None:  # --judge.*: the batch's LLM-as-judge calls (never trained on)
+        metrics.update({f"judge/{k}": v for k, v in judge.items() if k != "seconds"})
+        metrics["judge/latency_s_mean"] = judge["seconds"] / max(judge["calls"], 1)
+    metrics.update(
+        {
+            "timing/rollout_s": batch["end"] - batch["start"],
+            "timing/rollout_start": batch["start"],
+            "timing/rollout_end": batch["end"],
+        }
+    )
+    return metrics
+
+
+def _rollout_figures(trajs: list[Any], dropped: dict[str, int]) -> dict[str, float]:
     first: dict[str, Any] = {}
     lengths: dict[str, int] = {}
     truncated: set[str] = set()
@@ -388,22 +506,24 @@ def rollout_metrics(batch: dict[str, Any]) -> dict[str, float]:
             truncated.add(t.rollout_id)
     rollouts = list(first.values())
     n = max(len(rollouts), 1)
-    dropped = batch["dropped"]
     metrics = {
-        "rollout/reward_mean": sum(t.reward for t in rollouts) / n,
-        "rollout/score_mean": sum((t.score if t.score is not None else t.reward) for t in rollouts) / n,
-        "rollout/response_length": sum(lengths.values()) / n,
-        "rollout/truncated_rate": len(truncated) / n,
-        "rollout/num_rollouts": float(batch["num_rollouts"]),
-        "rollout/kept_rollouts": float(len(rollouts)),
-        "rollout/segments": float(len(trajs)),
-        "rollout/dropped_total": float(sum(dropped.values())),
-        "timing/rollout_s": batch["end"] - batch["start"],
-        "timing/rollout_start": batch["start"],
-        "timing/rollout_end": batch["end"],
+        "reward_mean": sum(t.reward for t in rollouts) / n,
+        "score_mean": sum((t.score if t.score is not None else t.reward) for t in rollouts) / n,
+        "response_length": sum(lengths.values()) / n,
+        "truncated_rate": len(truncated) / n,
+        "kept_rollouts": float(len(rollouts)),
+        "segments": float(len(trajs)),
+        "dropped_total": float(sum(dropped.values())),
     }
-    metrics.update({f"rollout/dropped/{reason}": float(count) for reason, count in dropped.items()})
+    metrics.update({f"dropped/{reason}": float(count) for reason, count in dropped.items()})
     return metrics
 
 
-__all__ = ["RLTrainer", "estimate_advantages", "rollout_metrics", "shape_and_filter"]
+__all__ = [
+    "RLTrainer",
+    "estimate_advantages",
+    "evaluate_once",
+    "rollout_metrics",
+    "shape_and_filter",
+    "start_rollout_worker",
+]

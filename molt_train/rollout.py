@@ -8,7 +8,8 @@ waits until the batch being generated is complete, so every trajectory comes fro
 
 Every prompt gets ``n_samples_per_prompt`` rollouts sharing a ``group_id``; a runner may return one Trajectory, a
 list of segment Trajectories sharing a ``rollout_id``, or one Trajectory per seat of a game (grouped per seat:
-``experience.estimator_group``). An episode that fails (the runner records a failure, raises,
+``experience.estimator_group``). A vision model's runner gets its processor (and each row's images); a text
+model's its tokenizer. An episode that fails (the runner records a failure, raises,
 or exceeds the timeout) or cannot be trained on is dropped whole and counted by reason; the batch goes on.
 """
 
@@ -19,14 +20,15 @@ import contextlib
 import hashlib
 import pickle
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from molt_envs import SamplingParams, Trajectory, load_agent_runner
-from molt_train.data import PromptSampler, load_rows
+from molt_envs.vision import text_tokenizer
+from molt_train.data import MixSampler, env_mix, load_eval_rows
 from molt_train.engines.hf import HFEngine
 from molt_train.experience import as_trajectories, drop_reason, estimator_group
 
@@ -44,7 +46,7 @@ class RolloutWorker:
         self,
         model_path: str,
         *,
-        env_id: str | None,
+        env_id: str | Sequence[str] | None,
         agent_path: str | None,
         max_len: int,
         timeout_s: float,
@@ -58,37 +60,73 @@ class RolloutWorker:
         self.model_path = model_path
         if engine == "hf":
             self.engine: Any = HFEngine.from_pretrained(model_path, max_batch_size=max_batch_size)
-            self.tokenizer = self.engine.tokenizer
+            self.tokenizer = self.engine.processor  # what runners take: the tokenizer or a VLM's processor
         elif engine == "vllm":
-            from transformers import AutoTokenizer
+            from molt_train.models.multimodal import load_processor
 
             self.engine = None  # start_vllm, on this actor's event loop
-            self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+            self.tokenizer = load_processor(model_path)
         else:
             raise ValueError(f"unknown rollout engine {engine!r}; choose hf or vllm")
         self.whole_batches = engine == "vllm" and not partial_rollout
         self._batch_lock: asyncio.Lock | None = None
+        ids = [env_id] if isinstance(env_id, str) else list(env_id or ())
+        self.env_id = ids[0] if ids else None  # evaluation of rows that name no env
+        self.runners: dict[str, Any] = {}  # a row's env -> its runner; a row of no env (or an agent) -> self.runner
         if agent_path:
             self.runner = load_agent_runner(agent_path)
         else:
             import env_registry
 
-            self.runner = env_registry.runner_for(env_id)
-        if hasattr(self.runner, "engine_loader"):  # a game's frozen-checkpoint seats: an hf engine of their own
-            self.runner.engine_loader = lambda path: (e := HFEngine.from_pretrained(path), e.tokenizer)
+            self.runners = {e: env_registry.runner_for(e) for e in ids}
+            self.runner = next(iter(self.runners.values()), None)
+        for runner in [self.runner, *self.runners.values()]:
+            if hasattr(runner, "engine_loader"):  # a game's frozen-checkpoint seats: an hf engine of their own
+                runner.engine_loader = lambda path: (e := HFEngine.from_pretrained(path), e.tokenizer)
         self.max_len, self.timeout_s = max_len, timeout_s
         self.rows: list[dict[str, Any]] = []
-        self.sampler: PromptSampler | None = None
+        self.sampler: MixSampler | None = None
+        self.judge_server: Any = None  # start_judge
+
+    async def start_judge(self, judge: Any) -> str:
+        """Serve LLM-as-judge calls (the ``--judge.*`` group, ``JudgeConfig``) from this actor's loop: through the
+        rollout engine itself (``policy``: the current policy, weight syncs reach it) or a frozen judge model on an hf
+        engine of its own. Every episode's runner gets a ``JudgeClient`` for the endpoint; returns its base URL."""
+        from molt_envs.judge import JudgeClient
+        from molt_envs.session_server import SessionServer
+
+        if judge.model_name_or_path:
+            engine = await asyncio.to_thread(HFEngine.from_pretrained, str(judge.model_name_or_path))
+            tokenizer = engine.tokenizer
+        else:
+            engine, tokenizer = self.engine, self.tokenizer
+        self.judge_server = SessionServer(engine, tokenizer, model_name="judge", max_length=self.max_len)
+        root = await self.judge_server.start()
+        client = JudgeClient(base_url=f"{root}/judge/v1", timeout_s=judge.timeout_s, max_tokens=judge.max_new_tokens)
+        for runner in [self.runner, *self.runners.values()]:  # one client: its counters cover every env
+            if runner is not None:
+                runner.judge = client
+        return client.base_url
 
     async def start_vllm(self, options: Any, seed: int) -> None:
         """Start the vLLM engine (the ``--vllm.*`` group, ``VLLMConfig``) on the loop that will generate from it;
         blocks that loop the 40-80 s vLLM takes to start, before any rollout exists."""
         from molt_train.engines.vllm import VLLMEngine
 
-        self.engine = VLLMEngine(self.model_path, options, seed=seed, tokenizer=self.tokenizer)
+        self.engine = VLLMEngine(self.model_path, options, seed=seed, tokenizer=text_tokenizer(self.tokenizer))
 
-    def set_prompts(self, rows: list[dict[str, Any]], batch_size: int, seed: int) -> None:
-        self.rows, self.sampler = rows, PromptSampler(len(rows), batch_size, seed)
+    def set_prompts(
+        self,
+        rows: list[dict[str, Any]],
+        batch_size: int,
+        seed: int,
+        weights: dict[str | None, float] | None = None,
+        state: dict[str, Any] | None = None,
+        start: int = 0,
+    ) -> None:
+        """The rows batches are drawn from, by env ``weights`` (``MixSampler``; ``state`` at batch ``start`` when
+        resuming)."""
+        self.rows, self.sampler = rows, MixSampler(rows, weights, batch_size, seed, state, start)
 
     async def connect(self, *queues: Any) -> None:
         """Reach each ``ray.util.queue.Queue`` once: the first call from this actor to a queue actor waits for that
@@ -97,39 +135,62 @@ class RolloutWorker:
 
     # -- rollout --
     async def generate_step(self, step: int, params: dict[str, Any], n_samples: int, seed: int) -> dict[str, Any]:
-        """Rollouts for the prompts of batch ``step``: kept trajectories, drop counts, timing."""
+        """Rollouts for the prompts of batch ``step``: kept trajectories (and the env of each), drop counts (overall
+        and per env), the sampler's state after the batch (each env's data position), timing.
+
+        A group is one prompt's samples, so it never holds two envs; its id names the env (``step:env:row``)."""
         start = time.time()
         base = SamplingParams(**params)
-        jobs = []
+        jobs, envs = [], []
         for i in self.sampler.batch(step):
+            env = self.rows[i].get("env")
             for j in range(n_samples):
-                jobs.append(
-                    self._episode(self.rows[i], base.updated(seed=episode_seed(seed, step, i, j)), f"{step}:{i}")
-                )
+                params_j = base.updated(seed=episode_seed(seed, step, i, j))
+                jobs.append(self._episode(self.rows[i], params_j, f"{step}:{env}:{i}" if env else f"{step}:{i}"))
+                envs.append(env)
+        judge = self.runner.judge.stats.snapshot() if self.runner.judge is not None else None
         async with self._whole_batch():
             results = await asyncio.gather(*jobs)
         kept: list[Trajectory] = []
+        kept_envs: list[str | None] = []
         dropped: dict[str, int] = {}
-        for segments, reason in results:
+        per_env: dict[str, dict[str, Any]] = {}
+        for env, (segments, reason) in zip(envs, results, strict=True):
+            if env is not None:
+                counts = per_env.setdefault(env, {"num_rollouts": 0, "dropped": {}})
+                counts["num_rollouts"] += 1
             if reason is None:
                 kept.extend(segments)
+                kept_envs.extend([env] * len(segments))
             else:
                 dropped[reason] = dropped.get(reason, 0) + 1
-        return {
+                if env is not None:
+                    counts["dropped"][reason] = counts["dropped"].get(reason, 0) + 1
+        batch = {
             "step": step,
             "trajectories": kept,
+            "trajectory_envs": kept_envs,
             "dropped": dropped,
             "num_rollouts": len(results),
+            "per_env": per_env,
+            "data_state": self.sampler.state(),
             "start": start,
             "end": time.time(),
         }
+        if judge is not None:  # this batch's judge calls (an eval running meanwhile adds its own)
+            batch["judge"] = {k: v - judge[k] for k, v in self.runner.judge.stats.snapshot().items()}
+        return batch
 
     async def _episode(
         self, row: dict[str, Any], params: SamplingParams, group_id: str
     ) -> tuple[list[Trajectory], str | None]:
+        images = {"images": row["images"]} if row.get("images") else {}  # a text runner's signature may lack it
+        runner = self.runners.get(row.get("env"), self.runner)
         try:
             result = await asyncio.wait_for(
-                self.runner.execute(row["prompt"], row["label"], params, self.max_len, self.tokenizer, self.engine),
+                runner.execute(
+                    row["prompt"], row["label"], params, self.max_len, self.tokenizer, self.engine, **images
+                ),
                 self.timeout_s,
             )
             segments = as_trajectories(result)
@@ -162,20 +223,61 @@ class RolloutWorker:
         return end - start
 
     # -- evaluation --
-    async def evaluate(self, rows: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, float]:
-        """Mean reward (= accuracy for exact-match graders) over ``rows``, one sample each; failures count as 0."""
-        base = SamplingParams(**params)
-        results = await asyncio.gather(
-            *[self._episode(r, base.updated(seed=k), f"eval:{k}") for k, r in enumerate(rows)]
+    async def evaluate(self, rows: list[dict[str, Any]], params: dict[str, Any], n: int = 1) -> dict[str, float]:
+        """``n`` samples of each of ``rows`` through ``molt-env eval``'s loop (``env_registry.evaluation``) on this
+        engine: ``accuracy`` (the mean reward, a failed sample at the bottom of the reward range), ``pass@k`` for
+        every k <= n, ``failed`` and ``failures/<reason>`` counts, ``response_length`` (mean completion tokens).
+        Rows of envs (a mix): the same figures per env (``<env>/accuracy``, ...); the overall ones over all rows."""
+        groups: dict[str, list[dict[str, Any]]] = {}
+        for row in rows:
+            groups.setdefault(row.get("env") or self.env_id, []).append(row)
+        per_env = {env: await self._evaluate_env(env, mine, params, n) for env, mine in groups.items()}
+        total = max(len(rows), 1)
+        out: dict[str, float] = {"num_rows": float(len(rows))}
+        for env, figures in per_env.items():
+            share = figures["num_rows"] / total
+            for k, v in figures.items():
+                if k != "num_rows":
+                    summed = k == "failed" or k.startswith("failures/")
+                    out[k] = out.get(k, 0.0) + (v if summed else v * share)
+            if any(r.get("env") for r in groups[env]):
+                out.update({f"{env}/{k}": v for k, v in figures.items()})
+        return out
+
+    async def _evaluate_env(
+        self, env_id: str, rows: list[dict[str, Any]], params: dict[str, Any], n: int
+    ) -> dict[str, float]:
+        import env_registry
+        from env_registry.evaluation import EnginePolicy, EnvTask, EvalSettings, evaluate
+
+        spec, factory = env_registry.registry.factory(env_id)
+        task = EnvTask(spec.id, spec, factory, rows, given_id=env_id)
+        settings = EvalSettings(
+            n=n,
+            temperature=params["temperature"],
+            max_new_tokens=params["max_tokens"],
+            concurrency=max(1, len(rows) * n),  # the engine batches whatever is in flight
+            timeout_s=self.timeout_s,
         )
-        rewards = [segs[0].reward if reason is None else 0.0 for segs, reason in results]
-        lengths = [sum(s.num_action_tokens for s in segs) for segs, reason in results if reason is None]
-        return {
-            "accuracy": sum(rewards) / max(len(rewards), 1),
+        name = f"engine:{self.model_path}"
+        policy = EnginePolicy(
+            self.engine,
+            self.tokenizer,
+            self.max_len,
+            name,
+            self.runners.get(env_id, self.runner),
+            keep_session_servers=True,
+        )
+        summary = await evaluate([task], policy, settings, out=None, report=False)
+        out = {
+            "accuracy": summary["mean_reward"],
             "num_rows": float(len(rows)),
-            "failed": float(sum(reason is not None for _, reason in results)),
-            "response_length": sum(lengths) / max(len(lengths), 1),
+            "failed": float(sum(summary["failures"].values())),
+            "response_length": summary["completion_tokens_mean"] or 0.0,
         }
+        out.update({k: v for k, v in summary.items() if k.startswith("pass@")})
+        out.update({f"failures/{reason}": float(count) for reason, count in summary["failures"].items()})
+        return out
 
     # -- weights --
     def _whole_batch(self) -> contextlib.AbstractAsyncContextManager:
@@ -244,7 +346,9 @@ class RolloutWorker:
     async def wake_up(self) -> None:
         await self.engine.wake_up()
 
-    def shutdown(self) -> None:
+    async def shutdown(self) -> None:
+        if self.judge_server is not None:
+            await self.judge_server.stop()
         if hasattr(self.engine, "shutdown"):  # vllm: its engine-core process
             self.engine.shutdown()
 
@@ -271,19 +375,25 @@ def raise_if_unequal(problems: list[str], checked: int) -> int:
 
 
 def eval_sampling(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> dict[str, Any]:
-    """Sampling at evaluation: ``--eval.temperature`` (0 = greedy) and ``--eval.max_new_tokens`` (or the rollout's)."""
-    return {"temperature": cfg.eval.temperature, "max_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens}
+    """Sampling at evaluation: ``--eval.temperature`` (0 = greedy), ``--eval.top_p`` and ``--eval.max_new_tokens``
+    (unset ones: the rollout's)."""
+    return {
+        "temperature": cfg.eval.temperature,
+        "top_p": cfg.eval.top_p if cfg.eval.top_p is not None else cfg.rollout.top_p,
+        "max_tokens": cfg.eval.max_new_tokens or cfg.rollout.max_new_tokens,
+    }
 
 
 def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Path) -> dict[str, float]:
-    """Score ``model_path`` on ``--eval.split`` of ``--env`` in this process (no Ray), one sample per row."""
+    """Score ``model_path`` on ``--eval.split`` of ``--env`` in this process (no Ray), ``--eval.n_samples_per_prompt``
+    samples per row, through the same loop as ``molt-env eval``."""
     worker = RolloutWorker(
         str(model_path),
-        env_id=cfg.env,
+        env_id=[e.env_id for e in env_mix(cfg)],
         agent_path=cfg.train.agent_path,
         max_len=cfg.data.max_len,
         timeout_s=cfg.rollout.timeout_s,
         max_batch_size=cfg.rollout.max_batch_size,
     )
-    rows = load_rows(cfg, cfg.eval.split, cfg.eval.max_samples)
-    return asyncio.run(worker.evaluate(rows, eval_sampling(cfg)))
+    rows = load_eval_rows(cfg)
+    return asyncio.run(worker.evaluate(rows, eval_sampling(cfg), cfg.eval.n_samples_per_prompt))

@@ -20,17 +20,27 @@ def quiet() -> None:
 
 
 def init_ray(ray_cfg: RayConfig) -> None:
-    """Join ``--ray.address`` or start a local instance (a test may have started one already)."""
+    """Join ``--ray.address`` or start a local instance (a test may have started one already; a local start that
+    timed out is tried once more)."""
     import ray
 
     quiet()
-    if not ray.is_initialized():
-        ray.init(
-            address=ray_cfg.address,
-            num_cpus=None if ray_cfg.address else ray_cfg.num_cpus,
-            include_dashboard=False,
-            runtime_env={"env_vars": QUIET},
-        )
+    for attempt in (1, 2):
+        if ray.is_initialized():
+            return
+        try:
+            ray.init(
+                address=ray_cfg.address,
+                num_cpus=None if ray_cfg.address else ray_cfg.num_cpus,
+                include_dashboard=False,
+                runtime_env={"env_vars": QUIET},
+            )
+        except Exception as exc:
+            # a loaded host: the raylet gives up waiting for its agent's port file (ray-project/ray#65983); a local
+            # instance is started once more
+            if ray_cfg.address or attempt == 2 or "timed out during startup" not in str(exc):
+                raise
+            ray.shutdown()
 
 
 def cpu_threads(num_threads: int, concurrent: int, host_cpus: int | None = None) -> int:

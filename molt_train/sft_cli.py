@@ -7,6 +7,7 @@ import time
 from collections.abc import Sequence
 
 from molt_train.config import parse
+from molt_train.data import env_mix
 from molt_train.rollout import evaluate_checkpoint
 from molt_train.sft_trainer import SFTTrainer
 
@@ -23,4 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if cfg.env and cfg.eval.max_samples != 0:
         result = evaluate_checkpoint(cfg, final)
         print(f"held-out {cfg.eval.split} accuracy {result['accuracy']:.3f} ({int(result['num_rows'])} rows)")
+        for entry in env_mix(cfg) if len(cfg.env) > 1 else ():
+            acc, n = result[f"{entry.env_id}/accuracy"], int(result[f"{entry.env_id}/num_rows"])
+            print(f"  {entry.env_id}: {acc:.3f} ({n} rows)")
     return 0

@@ -1,8 +1,10 @@
-"""Shared fixtures: a tiny tokenizer and model trained/built from scratch (no downloads), and an HF engine on it."""
+"""Shared fixtures: a tiny tokenizer and model trained/built from scratch (no downloads), and an HF engine on it; and
+the rule that a skipped isolation test fails the run unless ``MOLT_SKIP_ISOLATION=1``."""
 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -31,3 +33,72 @@ def tiny_engine(tiny_model, tiny_tokenizer):
     from molt_train.engines.hf import HFEngine
 
     return HFEngine(tiny_model, tiny_tokenizer)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_dir(tmp_path_factory):
+    """A ``tiny-vl`` checkpoint (LLaVA classes, its processor) whose tokenizer was trained on shapes questions."""
+    from molt_envs.envs.shapes import COLOURS, KINDS, generate_split
+    from molt_train.models.tiny_vl import build_tiny_vl
+
+    texts = [f"{r['question']} {r['answer']}" for r in generate_split("train", 200)] + list(COLOURS) + list(KINDS)
+    return build_tiny_vl(texts, tmp_path_factory.mktemp("tiny-vl"), vocab_size=384, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_vl_engine(tiny_vl_dir):
+    """An HF engine on the tiny VLM; ``.processor`` is what runners take, ``.tokenizer`` its text tokenizer."""
+    from molt_train.engines.hf import HFEngine
+
+    return HFEngine.from_pretrained(str(tiny_vl_dir))
+
+
+# --- Isolation tests: a skipped sandbox test is not a pass ---------------------------------------------------------
+# `make test` sets the machine up first (.ci/setup-machine.sh: bubblewrap, a Docker engine). A test counts as an
+# isolation test when it lives under tests/sandboxes/ or a skip mark of it names the sandbox or isolation. If any of
+# them skipped, the run fails, unless MOLT_SKIP_ISOLATION=1 says that is wanted; the summary line then counts them.
+SKIP_ISOLATION = os.environ.get("MOLT_SKIP_ISOLATION") == "1"
+_isolation_skips: list[tuple[pytest.TestReport, str]] = []  # (the skip report, its reason)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "isolation: needs sandbox isolation (bubblewrap jails, a Docker engine, root); must not skip"
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        reasons = " ".join(str(m.kwargs.get("reason", "")) for m in item.iter_markers() if m.name in ("skip", "skipif"))
+        if item.nodeid.startswith("tests/sandboxes/") or "sandbox" in reasons or "isolation" in reasons:
+            item.add_marker("isolation")
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and "isolation" in report.keywords and "gpu" not in report.keywords:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _isolation_skips.append((report, reason.removeprefix("Skipped: ")))
+
+
+def pytest_terminal_summary(terminalreporter):
+    if not _isolation_skips:
+        return
+    reasons: dict[str, int] = {}
+    for _, reason in _isolation_skips:
+        reasons[reason] = reasons.get(reason, 0) + 1
+    verdict = "allowed by MOLT_SKIP_ISOLATION=1" if SKIP_ISOLATION else "the run FAILS (a skip is not a pass)"
+    terminalreporter.write_sep("!", f"{len(_isolation_skips)} isolation tests SKIPPED: {verdict}", red=True, bold=True)
+    for reason, count in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        terminalreporter.write_line(f"  {count:4d} x {reason}", red=True)
+    terminalreporter.write_line(
+        "  set the machine up with `sudo .ci/setup-machine.sh` (bubblewrap, a Docker engine; run as root), "
+        "or set MOLT_SKIP_ISOLATION=1 to accept the skips",
+        red=True,
+    )
+    key = "isolation tests SKIPPED (MOLT_SKIP_ISOLATION=1)" if SKIP_ISOLATION else "isolation tests SKIPPED (failing)"
+    terminalreporter.stats[key] = [report for report, _ in _isolation_skips]  # counted in the summary line
+
+
+def pytest_sessionfinish(session):
+    if _isolation_skips and not SKIP_ISOLATION and session.exitstatus == pytest.ExitCode.OK:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -19,6 +19,8 @@ CLIENT_TIMEOUT_S = 3600.0
 
 
 class ChatPythonToolAgent(ChatAgent):
+    system_prompt = SYSTEM_PROMPT  # put before a prompt that has no system message
+
     def __init__(
         self,
         provider: str = "auto",
@@ -35,9 +37,7 @@ class ChatPythonToolAgent(ChatAgent):
     async def run(self, ctx: ChatContext) -> Result:
         from openai import AsyncOpenAI
 
-        messages = list(ctx.messages)
-        if messages[0]["role"] != "system":
-            messages.insert(0, {"role": "system", "content": SYSTEM_PROMPT})
+        messages = self.first_messages(ctx)
         tools = ctx.tools or [PYTHON_EXECUTOR]
         async with (
             self.tools,
@@ -59,6 +59,13 @@ class ChatPythonToolAgent(ChatAgent):
                     output = await self.tools.call(call.function.name, call.function.arguments)
                     messages.append({"role": "tool", "tool_call_id": call.id, "content": output})
         return Result(reward=0.0, truncated=True, info=self._info(0.0, self.max_turns))
+
+    def first_messages(self, ctx: ChatContext) -> list[dict]:
+        """The conversation's opening: the system prompt, then the row's messages."""
+        messages = list(ctx.messages)
+        if messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
 
     async def _graded(self, text: str, label: object, turns: int) -> Result:
         scores = await asyncio.wait_for(asyncio.to_thread(grade, text, label), timeout=self.grader_timeout_s)

@@ -33,6 +33,8 @@ def generate_split(split: str, size: int = 1000, seed: int = 0) -> Iterator[dict
 
 
 class PythonToolEnv(Env):
+    system_prompt = SYSTEM_PROMPT  # put before a prompt that has no system message
+
     def __init__(
         self, provider: str = "auto", persistent: bool = False, max_output_chars: int = 1024, wall_s: float = 5.0
     ) -> None:
@@ -44,7 +46,7 @@ class PythonToolEnv(Env):
         if isinstance(prompt, str):
             prompt = [{"role": "user", "content": prompt}]
         if prompt[0]["role"] != "system":
-            prompt = [{"role": "system", "content": SYSTEM_PROMPT}, *prompt]
+            prompt = [{"role": "system", "content": self.system_prompt}, *prompt]
         return {**state, "observation": prompt, "tools": [PYTHON_EXECUTOR]}
 
     async def step(self, state: StepState) -> Result:

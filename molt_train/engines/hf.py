@@ -6,6 +6,10 @@ is sampled at once from per-row parameter tensors (temperature, top-p, top-k, ma
 inverse-CDF sampling on one uniform per row and step, drawn from ``torch.Generator(seed)`` when the row has a seed).
 The log-prob returned for each token is ``log_softmax(logits / temperature)`` at that token, before top-k/top-p
 filtering: the quantity the trainer recomputes. Temperature 0 means greedy, with log-probs at temperature 1.
+
+A vision model's requests carry ``VisionInputs`` (the processor's image tensors, aligned with the image placeholders
+in the prompt ids): the prefill forward consumes them, concatenated in row order, and the positions are the
+model's own (M-RoPE for Qwen2-VL-family models, ``molt_train.models.multimodal``); decode steps read the KV cache.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ from typing import Any
 import torch
 
 from molt_envs import Generation, SamplingParams
+from molt_envs.vision import VisionInputs, text_tokenizer
+from molt_train.models.multimodal import is_vision_config, load_model, load_processor, position_ids, select_rows
 
 
 @dataclass
@@ -28,17 +34,24 @@ class _Request:
     prompt_ids: list[int]
     params: SamplingParams
     future: asyncio.Future
+    mm: VisionInputs | None = None
 
 
 class HFEngine:
+    """``tokenizer``: the model's tokenizer, or a vision model's processor (``processor`` keeps what was given, which
+    is what runners take; ``tokenizer`` is always the text tokenizer)."""
+
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, batch_window_s: float = 0.005) -> None:
         self.model = model.eval()
-        self.tokenizer = tokenizer
+        self.processor = tokenizer
+        tokenizer = self.tokenizer = text_tokenizer(tokenizer)
+        self.reads_images = is_vision_config(model.config)
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.eos_token_ids = _eos_ids(model, tokenizer)
         self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_token_ids[0]
-        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        text_config = getattr(model.config, "text_config", None) or model.config
+        self.max_positions = getattr(text_config, "max_position_embeddings", None)
         # transformers 5.x names the KV cache argument `cache`; 4.x called it `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
         self._weights_lock = threading.Lock()  # a weight update never interleaves with a decode batch
@@ -51,17 +64,22 @@ class HFEngine:
     def from_pretrained(
         cls, path: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32, **kwargs: Any
     ) -> HFEngine:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype).to(device)
-        return cls(model, AutoTokenizer.from_pretrained(path), **kwargs)
+        model = load_model(path, dtype=dtype).to(device)
+        return cls(model, load_processor(path), **kwargs)
 
     # -- Engine protocol --
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None
+        self, prompt_ids: list[int], params: SamplingParams, mm_inputs: VisionInputs | None = None
     ) -> Generation:
         if not prompt_ids:
             raise ValueError("prompt_ids is empty; an engine needs at least one token to condition on")
+        if mm_inputs is not None and not isinstance(mm_inputs, VisionInputs):
+            raise TypeError(f"mm_inputs must be molt_envs.vision.VisionInputs, got {type(mm_inputs).__name__}")
+        if mm_inputs and not self.reads_images:
+            raise ValueError(
+                f"{len(mm_inputs)} image(s) sent to a text-only model ({type(self.model).__name__}); "
+                "use a vision-language checkpoint"
+            )
         if self.max_positions and len(prompt_ids) + params.max_tokens > self.max_positions:
             raise ValueError(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
@@ -71,7 +89,7 @@ class HFEngine:
             self._queue = asyncio.Queue()
             self._worker = asyncio.get_running_loop().create_task(self._serve())
         future = asyncio.get_running_loop().create_future()
-        await self._queue.put(_Request(list(prompt_ids), params, future))
+        await self._queue.put(_Request(list(prompt_ids), params, future, mm_inputs or None))
         return await future
 
     # -- weights --
@@ -100,6 +118,11 @@ class HFEngine:
         queue = self._queue
         while True:
             batch = [await queue.get()]
+            # what is queued already is taken first, without a clock: a batch's rows (and so its padding and float
+            # rounding) then do not depend on how fast this loop runs, e.g. when all the episodes of a rollout step
+            # queued their first turn at once; the window only waits for requests that have not arrived yet
+            while len(batch) < self.max_batch_size and not queue.empty():
+                batch.append(queue.get_nowait())
             deadline = time.monotonic() + self.batch_window_s
             while len(batch) < self.max_batch_size:
                 remaining = deadline - time.monotonic()
@@ -110,7 +133,7 @@ class HFEngine:
                 except TimeoutError:
                     break
             try:
-                outputs = await asyncio.to_thread(self._generate_batch, [(r.prompt_ids, r.params) for r in batch])
+                outputs = await asyncio.to_thread(self._generate_batch, [(r.prompt_ids, r.params, r.mm) for r in batch])
             except Exception as exc:  # the whole batch failed: every caller gets the error
                 for r in batch:
                     if not r.future.done():
@@ -121,7 +144,9 @@ class HFEngine:
                     r.future.set_result(out)
 
     @torch.no_grad()
-    def _generate_batch(self, requests: list[tuple[list[int], SamplingParams]]) -> list[Generation]:
+    def _generate_batch(
+        self, requests: list[tuple[list[int], SamplingParams, VisionInputs | None]]
+    ) -> list[Generation]:
         with self._weights_lock:
             outputs = self._decode(requests)
         self.stats["batches"] += 1
@@ -129,28 +154,39 @@ class HFEngine:
         self.stats["generated_tokens"] += sum(len(o.token_ids) for o in outputs)
         return outputs
 
-    def _decode(self, requests: list[tuple[list[int], SamplingParams]]) -> list[Generation]:
-        """One batched forward per decode step for every row; each distinct prompt is prefilled once (a GRPO
-        group's samples share it) and its KV cache is copied to the rows that asked for it."""
+    def _decode(self, requests: list[tuple[list[int], SamplingParams, VisionInputs | None]]) -> list[Generation]:
+        """One batched forward per decode step for every row; each distinct prompt (ids and images) is prefilled
+        once (a GRPO group's samples share it) and its KV cache is copied to the rows that asked for it."""
         device = next(self.model.parameters()).device
         n = len(requests)
-        params = [p for _, p in requests]
-        distinct: dict[tuple[int, ...], int] = {}
-        row_prompt = torch.tensor([distinct.setdefault(tuple(p), len(distinct)) for p, _ in requests], device=device)
-        prompts = list(distinct)
-        longest = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), longest), self.pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(prompts), longest), dtype=torch.long)
-        for i, prompt in enumerate(prompts):
+        params = [p for _, p, _ in requests]
+        distinct: dict[tuple[Any, ...], int] = {}
+        first: list[tuple[list[int], VisionInputs | None]] = []
+        rows = []
+        for prompt, _, mm in requests:  # the inputs of one batch are alive together: id() tells them apart
+            key = (tuple(prompt), id(mm) if mm else None)
+            if key not in distinct:
+                distinct[key] = len(first)
+                first.append((prompt, mm))
+            rows.append(distinct[key])
+        row_prompt = torch.tensor(rows, device=device)
+        longest = max(len(p) for p, _ in first)
+        ids = torch.full((len(first), longest), self.pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(first), longest), dtype=torch.long)
+        for i, (prompt, _) in enumerate(first):
             ids[i, longest - len(prompt) :] = torch.tensor(prompt)
             mask[i, longest - len(prompt) :] = 1
         ids, mask = ids.to(device), mask.to(device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1)
+        images = sum((mm for _, mm in first if mm), VisionInputs())  # in row order: the order the forward reads them
+        tensors = {k: v.to(device) for k, v in images.tensors.items()}
+        positions = position_ids(self.model, ids, mask, tensors)
+        out = self.model(
+            input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **tensors
+        )
         cache, logits = getattr(out, self._cache_arg), out.logits[:, -1, :].float()
-        if len(prompts) < n:  # rows sharing a prompt share its prefill
+        if len(first) < n:  # rows sharing a prompt share its prefill
             cache.reorder_cache(row_prompt)
-            logits, mask, positions = logits[row_prompt], mask[row_prompt], positions[row_prompt]
+            logits, mask, positions = logits[row_prompt], mask[row_prompt], select_rows(positions, row_prompt)
 
         steps = max(p.max_tokens for p in params)
         rows = _RowParams(params, steps, device)
@@ -174,7 +210,7 @@ class HFEngine:
             if all(finish):
                 break
             mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
-            positions = positions[:, -1:] + 1
+            positions = positions[..., -1:] + 1
             out = self.model(
                 input_ids=next_ids[:, None],
                 attention_mask=mask,

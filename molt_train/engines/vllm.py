@@ -21,6 +21,12 @@
   decode step; N processes do that work in parallel (``benchmarks/README.md``, 256 sequences of a 0.6B model:
   1.07-1.4x with 2 engines, slower with 4, where GPU time-slicing between the processes costs more).
 
+- Images: a vision model's request carries ``VisionInputs``; vLLM expands image placeholders itself, so each
+  image's run of placeholders is folded back to one placeholder and the images go as ``multi_modal_data`` (vLLM's
+  processor is the checkpoint's own, the one the runner used). vLLM's expanded prompt must equal the trajectory's
+  ids: a mismatch is an error naming it, never silently different tokens. ``limit_mm_per_prompt`` is
+  ``molt_envs.vision.MAX_IMAGES`` images (no video) for a vision checkpoint.
+
 vLLM is optional: importing this module never imports it (only starting an engine does).
 """
 
@@ -38,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from molt_envs import Generation, SamplingParams
+from molt_envs.vision import MAX_IMAGES, VisionInputs
 from molt_train.engines.weight_buckets import BUCKET_BYTES, pack, plan_buckets, share
 
 if TYPE_CHECKING:
@@ -165,7 +172,7 @@ class VLLMEngine:
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
             raise ImportError(f"{VLLM_INSTALL_HINT} ({exc})") from exc
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         self.model_path = model_path
         self.options = options
@@ -174,10 +181,13 @@ class VLLMEngine:
         # a forked engine process cannot use CUDA once this process has (a colocated trainer always has)
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         n = self.options.num_engines
+        kwargs = {**engine_kwargs(options, model_path, seed), **(extra_args or {})}
+        self.reads_images = getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
+        if self.reads_images:
+            kwargs["limit_mm_per_prompt"] = {"image": MAX_IMAGES, "video": 0}
         self.llms = []
         try:
             for _ in range(n):
-                kwargs = {**engine_kwargs(options, model_path, seed), **(extra_args or {})}
                 self.llms.append(AsyncLLM.from_engine_args(AsyncEngineArgs(**kwargs)))
         except BaseException:
             self.shutdown()  # the engines already up would otherwise hold their GPU memory until this process exits
@@ -192,14 +202,20 @@ class VLLMEngine:
 
     # -- Engine protocol --
     async def generate(
-        self, prompt_ids: list[int], params: SamplingParams, images: list[Any] | None = None
+        self, prompt_ids: list[int], params: SamplingParams, mm_inputs: VisionInputs | None = None
     ) -> Generation:
         from vllm import SamplingParams as VSamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        if images:
-            raise ValueError("the vllm engine takes text token prompts only; this build does not pass images to vLLM")
+        if mm_inputs and not self.reads_images:
+            raise ValueError(f"{len(mm_inputs)} image(s) sent to a text-only model ({self.model_path})")
+        prompt = TokensPrompt(prompt_token_ids=list(prompt_ids))
+        if mm_inputs:  # vLLM expands each placeholder itself
+            prompt = TokensPrompt(
+                prompt_token_ids=mm_inputs.collapse(list(prompt_ids)),
+                multi_modal_data={"image": list(mm_inputs.images)},
+            )
         if not prompt_ids:
             raise ValueError("prompt_ids is empty; an engine needs at least one token to condition on")
         if params.max_tokens == 0:
@@ -214,15 +230,19 @@ class VLLMEngine:
         self.stats["requests_per_engine"][index] += 1
         try:
             final = None
-            async for output in self.llms[index].generate(
-                TokensPrompt(prompt_token_ids=list(prompt_ids)), request, f"molt-{next(self._ids)}"
-            ):
+            async for output in self.llms[index].generate(prompt, request, f"molt-{next(self._ids)}"):
                 final = output  # FINAL_ONLY: one output, when the request is done
         finally:
             self._inflight[index] -= 1
         if final is None:
             raise RuntimeError("vLLM ended the request without an output (engine shut down or request aborted)")
         completion = final.outputs[0]
+        seen = list(final.prompt_token_ids or [])
+        if mm_inputs and seen != list(prompt_ids) and seen != prompt["prompt_token_ids"]:
+            raise RuntimeError(
+                f"vLLM expanded the image placeholders into {len(seen)} prompt tokens where the trajectory has "
+                f"{len(prompt_ids)}; its processor and the runner's disagree (same checkpoint directory?)"
+            )
         if completion.finish_reason not in ("stop", "length"):
             raise RuntimeError(
                 f"vLLM finished the request with {completion.finish_reason!r} (aborted or failed), "

@@ -30,8 +30,8 @@ def _bindir() -> Path:
     initdb = shutil.which("initdb")
     if initdb is None:
         raise RuntimeError(
-            "PostgreSQL is not installed (no initdb): `apt-get install postgresql` (.ci/run installs it); "
-            "the registry's tests run against SQLite and PostgreSQL both"
+            "PostgreSQL is not installed (no initdb): `apt-get install postgresql` (.ci/setup-machine.sh, which `make test` "
+            "runs, installs it); the registry's tests run against SQLite and PostgreSQL both"
         )
     return Path(initdb).parent
 

@@ -16,7 +16,15 @@ import env_registry
 import env_registry.gym  # noqa: F401  (registers every molt ID in Gymnasium's registry)
 from env_registry.gym import MoltGymEnv
 
-TEXT_ENVS = sorted(i for i in env_registry.registry if env_registry.registry[i].kind != "chat_agent")
+# the built-in text envs: not the ``test/*`` IDs other test modules register while collected, nor an env whose reward
+# is an LLM judge's (it needs a judge endpoint: molt-train rl --judge.*, tested in tests/molt_train/test_judge.py)
+TEXT_ENVS = sorted(
+    i
+    for i in env_registry.registry
+    if env_registry.registry[i].kind != "chat_agent"
+    and not i.startswith("test/")
+    and "llm-judge" not in env_registry.registry[i].tags
+)
 CHAT_AGENTS = sorted(i for i in env_registry.registry if env_registry.registry[i].kind == "chat_agent")
 
 

@@ -35,7 +35,9 @@ def browser():
     from playwright.sync_api import sync_playwright
 
     if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (.ci/run installs it)")
+        pytest.fail(
+            f"{CHROMIUM} is missing: apt-get install chromium (.ci/setup-machine.sh, which `make test` runs, does)"
+        )
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=FLAGS)
         yield browser

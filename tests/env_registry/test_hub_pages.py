@@ -146,7 +146,9 @@ def test_env_card_shows_the_manifest_validation_and_eval_summaries(server, hub_d
         server,
         "UPDATE releases SET validation_status = ?, validation_report = ? WHERE package = ? AND version = ?",
         "passed",
-        json.dumps({"checks": {"determinism": "ok"}}),
+        json.dumps(
+            {"isolation": "jail", "checks": [{"name": "determinism", "passed": True, "detail": "", "env_id": None}]}
+        ),
         "hub-demo",
         "1.1.0",
     )

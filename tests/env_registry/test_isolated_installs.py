@@ -244,18 +244,18 @@ def test_molt_train_rl_trains_through_the_isolated_server_and_survives_its_death
     assert "eval/accuracy" in records[-1]
 
 
-@pytest.mark.xfail(
-    strict=True, reason="--env ID:WEIGHT (several envs in one run) is another change; remove this mark then"
-)
 def test_one_mixed_run_draws_from_both_conflicting_envs(cache, tiny_checkpoint, tmp_path):
     from molt_train.config import parse
 
     flags = ["--env", f"{OLD}:0.5", "--env", f"{NEW}:0.5", "--actor.model_name_or_path", str(tiny_checkpoint)]
     cfg = parse("rl", [*flags, "--ckpt.output_dir", str(tmp_path / "mixed")])
-    assert not isinstance(cfg.env, str), f"one --env per run so far (got {cfg.env!r})"  # fails fast until then
+    assert cfg.env == (f"{OLD}:0.5", f"{NEW}:0.5")
     run = train(tiny_checkpoint, tmp_path / "mixed", "--env", f"{OLD}:0.5", "--env", f"{NEW}:0.5")
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
     records = [json.loads(line) for line in (tmp_path / "mixed" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2]
     keys = set().union(*records)
     assert any(OLD in k for k in keys) and any(NEW in k for k in keys), sorted(keys)  # per-env metrics of both
+    for r in records:  # 4 prompts x 2 samples a step, half from each env (each from its own venv's server)
+        assert r[f"rollout/{OLD}/num_rollouts"] == r[f"rollout/{NEW}/num_rollouts"] == 4
+    assert f"eval/{OLD}/accuracy" in records[-1] and f"eval/{NEW}/accuracy" in records[-1]

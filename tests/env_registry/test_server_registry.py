@@ -81,7 +81,7 @@ def test_publish_install_make_yank_through_the_server(server, echo, new_venv):
 
 
 def test_plain_pip_installs_from_the_simple_index(server, letter_count, new_venv):
-    RegistryClient(server.url, server.token).publish(letter_count)
+    ensure_published(server, letter_count)  # the eval tests publish it to the session's server too
     page = httpx.get(f"{server.url}/simple/acme-letter-count/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     wheel_sha = next(

@@ -11,11 +11,12 @@ class RecordingEngine:
     """The real engine, remembering every call: the exact ids it generated over and what it returned."""
 
     def __init__(self, engine):
-        self.engine, self.calls = engine, []
+        self.engine, self.calls, self.mm = engine, [], []  # mm: each call's VisionInputs (None without images)
 
     async def generate(self, prompt_ids, params, images=None):
         gen = await self.engine.generate(prompt_ids, params, images)
         self.calls.append((list(prompt_ids), params, gen))
+        self.mm.append(images)
         return gen
 
 

@@ -52,7 +52,7 @@ async def test_self_play_gives_one_token_exact_trajectory_per_seat(tiny_tokenize
             assert traj.token_ids[start:end] == gen.token_ids and traj.log_probs[start:end] == gen.log_probs
     text = tiny_tokenizer.decode(x.token_ids)
     assert text.startswith("<|im_start|>system\nTic-tac-toe. You are X, your opponent is O.")
-    assert "<|im_start|>user\nX O X\nO 4 5\n6 7 8<|im_end|>" in text  # the board X saw before its third move
+    assert "<|im_start|>user\nX O X\nO 4 5\n6 7 8\nFree: 4 5 6 7 8<|im_end|>" in text  # the board X saw, 3rd move
     assert "You are O" in tiny_tokenizer.decode(o.token_ids)
 
 

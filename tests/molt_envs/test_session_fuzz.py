@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 
 import httpx
 import pytest
@@ -116,7 +117,7 @@ async def test_every_single_change_to_a_body_gets_an_answer_never_a_5xx(serve, t
             response = await http.post(f"/s/{session.session_id}{path}", json=changed)
             server.close_session(session.session_id)
             statuses.add(response.status_code)
-            assert response.status_code < 500, (changed, response.text)
+            assert response.status_code < 500, (json.dumps(changed), response.text)
             if response.status_code >= 400:
                 error = response.json()["error"]
                 assert error["message"]  # an error body with a message, in the wire's shape

@@ -1,4 +1,5 @@
-"""StepEnvRunner on a real tiny model: token alignment, budgets, multi-turn, failure isolation, params, images."""
+"""StepEnvRunner on a real tiny model: token alignment, budgets, multi-turn, failure isolation, params, and images
+on a text-only model (a counted failure; images on a vision model: test_vision_runner.py)."""
 
 from __future__ import annotations
 
@@ -28,7 +29,6 @@ class ThreeTurns(Env):
             observation=f"\n<feedback {turn}>\n",
             terminated=turn == 2,
             sampling_params={"temperature": 0.0} if turn == 0 else None,
-            images=[Image.new("RGB", (2, 2))] if turn == 1 else None,
         )
 
 
@@ -71,24 +71,17 @@ async def test_single_turn_alignment_and_reward(tiny_engine, tiny_tokenizer):
     assert traj.info == {"len": len(tiny_tokenizer.decode(engine.calls[0][2].token_ids))}
 
 
-async def test_multi_turn_feedback_is_masked_params_replaced_images_carried(tiny_engine, tiny_tokenizer):
+async def test_multi_turn_feedback_is_masked_and_params_replaced(tiny_engine, tiny_tokenizer):
     engine = RecordingEngine(tiny_engine)
     envs = []
     runner = StepEnvRunner(lambda: envs.append(ThreeTurns()) or envs[-1])
-    start_image = Image.new("RGB", (4, 4))
     traj = await runner.execute(
-        "Q:",
-        None,
-        one_token_turns(tiny_tokenizer, temperature=1.0, max_tokens=6, seed=1),
-        512,
-        tiny_tokenizer,
-        engine,
-        images=[start_image],
+        "Q:", None, one_token_turns(tiny_tokenizer, temperature=1.0, max_tokens=6, seed=1), 512, tiny_tokenizer, engine
     )
     check_alignment(traj, engine, tiny_tokenizer.encode("Q:"))
     assert traj.ok and traj.num_turns == 3 and traj.reward == 3.0  # rewards summed over turns
     assert [c[1].temperature for c in engine.calls] == [1.0, 0.0, 0.0]  # Result.sampling_params replaced them
-    assert len(traj.images) == 2 and traj.images[0] is start_image
+    assert traj.images == [] and traj.mm_inputs is None
     feedback = tiny_tokenizer.encode("\n<feedback 0>\n", add_special_tokens=False)
     end_first = traj.action_ranges[0][1]
     assert traj.token_ids[end_first : end_first + len(feedback)] == feedback
@@ -96,6 +89,22 @@ async def test_multi_turn_feedback_is_masked_params_replaced_images_carried(tiny
     assert [s["turn"] for s in envs[0].seen] == [0, 1, 2]
     assert envs[0].seen[2]["observation_text"].startswith("Q:")
     assert "<feedback 1>" in envs[0].seen[2]["observation_text"]
+
+
+class ImageLater(Env):
+    async def step(self, state):
+        return Result(observation="look:", images=[Image.new("RGB", (2, 2))], terminated=False)
+
+
+async def test_images_on_a_text_only_model_are_a_counted_failure_never_a_crash(tiny_engine, tiny_tokenizer):
+    params = SamplingParams(max_tokens=2, seed=0)
+    first = await StepEnvRunner(OneTurn).execute(
+        "Q:", None, params, 64, tiny_tokenizer, tiny_engine, images=[Image.new("RGB", (4, 4))]
+    )
+    assert first.failure.startswith("images: ImageError: 1 image(s) came with this episode but the model is text-only")
+    later = await StepEnvRunner(ImageLater).execute("Q:", None, params, 64, tiny_tokenizer, tiny_engine)
+    assert later.failure.startswith("images: ImageError") and "text-only" in later.failure
+    assert later.num_action_tokens > 0  # the turn before the image stays recorded (the episode is dropped whole)
 
 
 class ToolFeedback(Env):

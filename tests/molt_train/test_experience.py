@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from molt_envs import Trajectory
-from molt_train.data import PromptSampler, encode_sft
+from molt_train.data import encode_sft
 from molt_train.experience import as_trajectories, drop_reason, make_experience, micro_batch, plan_micro_batches
 
 
@@ -77,16 +77,9 @@ def test_empty_micro_batch_is_a_zero_loss_pad():
     assert torch.equal(real["input_ids"], exp.input_ids)
 
 
-def test_prompt_sampler_is_deterministic_and_covers_an_epoch():
-    a, b = PromptSampler(10, 3, seed=1), PromptSampler(10, 3, seed=1)
-    assert [a.batch(k) for k in range(5)] == [b.batch(k) for k in range(5)]
-    first_epoch = [i for k in range(3) for i in a.batch(k)]
-    assert len(set(first_epoch)) == 9
-    assert a.batch(3) != a.batch(0)  # a new permutation in the next epoch
-
-
 def test_sft_mask_covers_the_assistant_reply_through_its_end_token(tiny_tokenizer):
-    ids, mask = encode_sft(tiny_tokenizer, [{"role": "user", "content": "12+30="}], "42", max_len=128)
+    ids, mask, mm = encode_sft(tiny_tokenizer, [{"role": "user", "content": "12+30="}], "42", max_len=128)
+    assert mm is None
     reply = [i for i, m in zip(ids, mask, strict=True) if m]
     assert tiny_tokenizer.decode(reply) == "42<|im_end|>"
     prompt = tiny_tokenizer.apply_chat_template(

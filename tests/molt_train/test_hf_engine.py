@@ -36,6 +36,18 @@ async def test_concurrent_requests_are_batched(tiny_engine, tiny_tokenizer):
     assert tiny_engine.stats["batches"] < 16  # collected into shared decode batches
 
 
+async def test_requests_queued_together_are_batched_without_a_clock(tiny_model, tiny_tokenizer):
+    """With no batch window at all, what was queued at once still forms full batches: the rows decoded together (and
+    so their padding and rounding) do not depend on how fast the engine's loop runs."""
+    from molt_train.engines.hf import HFEngine
+
+    engine = HFEngine(tiny_model, tiny_tokenizer, max_batch_size=4, batch_window_s=0.0)
+    prompts = [tiny_tokenizer.encode(f"Natalia sold {n} clips") for n in range(10)]
+    await asyncio.gather(*[engine.generate(p, SamplingParams(max_tokens=3, seed=i)) for i, p in enumerate(prompts)])
+    assert engine.stats["requests"] == 10
+    assert engine.stats["batches"] == 3  # 4 + 4 + 2, in the order they were queued
+
+
 async def test_seed_makes_sampling_reproducible_and_distinct_seeds_differ(tiny_engine, tiny_tokenizer):
     prompt = tiny_tokenizer.encode("Weng earns $12 an hour")
     runs = [await tiny_engine.generate(prompt, SamplingParams(max_tokens=16, seed=s)) for s in (5, 5, 6)]

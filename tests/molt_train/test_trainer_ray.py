@@ -415,7 +415,7 @@ def test_jsonl_prompt_dataset_overrides_the_env_split(tmp_path):
         ],
     )
     rows = load_rows(cfg)
-    assert rows[1] == {"prompt": [{"role": "user", "content": "3+4="}], "label": "7", "reference": None}
+    assert rows[1] == {"prompt": [{"role": "user", "content": "3+4="}], "label": "7", "reference": None, "images": []}
     assert load_rows(cfg, "test")[0]["prompt"][-1]["content"].endswith("=")  # eval still reads the env's split
     cfg = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, input_key="question"))
     with pytest.raises(ValueError, match="set --data.input_key"):

@@ -1,0 +1,140 @@
+"""What ``molt-env eval`` costs beyond the model calls it makes: samples/s against ``molt-train serve`` on a tiny
+model, next to a plain loop of SDK calls doing the same requests, at 1, 16 and 64 concurrent samples.
+
+One ``molt-train serve`` process (hf engine, CPU, the tiny Qwen2 model of the tests, built from scratch) serves both.
+Per sample both sides make the same three requests: ``POST /sessions`` (the sample's sampling parameters and seed),
+one OpenAI chat completion through ``openai.AsyncOpenAI`` on the session's URL, ``DELETE`` the session. The eval side
+is the real ``evaluate()`` with ``EndpointPolicy`` on ``molt/arith-v1`` (grading, the record, its fsync-ed append to
+``samples.jsonl``, the summary and report at the end); the plain side only makes the calls, with an
+``asyncio.Semaphore`` for the concurrency. The two alternate, ``--repeats`` times per level; the table keeps each
+side's best run. Overhead ratio = plain samples/s / eval samples/s (goal <= 1.1).
+
+    .venv/bin/python benchmarks/eval_bench.py [--levels 1 16 64] [--samples 128] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+GSM8K = ROOT / "molt_envs" / "envs" / "data" / "gsm8k" / "train.jsonl"
+ENV_ID = "molt/arith-v1"
+
+
+def build_model(out: Path) -> Path:
+    from molt_train.models.tiny import build_tiny_model, save_tiny, train_tokenizer
+
+    with GSM8K.open() as f:
+        rows = [json.loads(line) for _, line in zip(range(1500), f, strict=False)]
+    tokenizer = train_tokenizer([r["question"] + "\n" + r["answer"] for r in rows], vocab_size=1024)
+    return save_tiny(build_tiny_model(tokenizer, seed=0), tokenizer, out)
+
+
+def serve(model: Path) -> tuple[str, subprocess.Popen]:
+    molt_train = str(Path(sys.executable).with_name("molt-train"))
+    proc = subprocess.Popen(
+        [molt_train, "serve", "--model", str(model), "--port", "0"], stdout=subprocess.PIPE, text=True
+    )
+    for line in proc.stdout:
+        match = re.search(r"session server on (http://\S+) ", line)
+        if match:
+            return match[1], proc
+    raise RuntimeError("molt-train serve exited before serving")
+
+
+async def plain_loop(url: str, tasks, settings, concurrency: int) -> float:
+    """The same requests as the eval's, with nothing around them; returns the wall seconds."""
+    import httpx
+    from openai import AsyncOpenAI
+
+    from env_registry.evaluation.tasks import sample_seed
+
+    task = tasks[0]
+    jobs = [(p, s) for p in range(len(task.rows)) for s in range(settings.n)]
+    semaphore = asyncio.Semaphore(concurrency)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+    async with (
+        httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as http,
+        AsyncOpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=4, timeout=600) as client,
+    ):
+
+        async def one(prompt_id: int, sample: int) -> None:
+            async with semaphore:
+                seed = sample_seed(settings.seed, task.env_id, prompt_id, sample)
+                params = {"temperature": settings.temperature, "top_p": settings.top_p,
+                          "max_tokens": settings.max_new_tokens, "seed": seed}  # fmt: skip
+                session = (await http.post("/sessions", json={"sampling_params": params})).json()
+                await client.with_options(base_url=session["base_url"]).chat.completions.create(
+                    model="policy",
+                    messages=task.rows[prompt_id]["prompt"],
+                    temperature=settings.temperature,
+                    top_p=settings.top_p,
+                    max_tokens=settings.max_new_tokens,
+                    seed=seed,
+                )
+                await http.delete(f"/sessions/{session['session_id']}")
+
+        start = time.perf_counter()
+        await asyncio.gather(*(one(p, s) for p, s in jobs))
+        return time.perf_counter() - start
+
+
+async def eval_run(url: str, tasks, settings) -> float:
+    from env_registry.evaluation import evaluate
+    from env_registry.evaluation.endpoint import EndpointPolicy
+
+    with tempfile.TemporaryDirectory(prefix="eval-bench-") as out:
+        start = time.perf_counter()
+        summary = await evaluate(tasks, EndpointPolicy(f"{url}/v1", "policy"), settings, out)
+        wall = time.perf_counter() - start
+    if summary["failures"]:
+        raise RuntimeError(f"the eval had failures: {summary['failures']}")
+    return wall
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--levels", type=int, nargs="+", default=[1, 16, 64])
+    parser.add_argument("--samples", type=int, default=128, help="samples per run (prompts x 4)")
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--max-new-tokens", type=int, default=8)
+    args = parser.parse_args()
+
+    from env_registry.evaluation import EvalSettings, load_tasks
+    from env_registry.mix import parse_env_mix
+
+    with tempfile.TemporaryDirectory(prefix="eval-bench-model-") as tmp:
+        url, proc = serve(build_model(Path(tmp) / "hf"))
+        try:
+            tasks = load_tasks(parse_env_mix([ENV_ID]), "test", args.samples // 4)
+            rows = []
+            for level in args.levels:
+                settings = EvalSettings(n=4, max_new_tokens=args.max_new_tokens, concurrency=level, temperature=1.0)
+                asyncio.run(plain_loop(url, tasks, settings, level))  # warm-up: connections, first calls
+                plain, evals = [], []
+                for _ in range(args.repeats):
+                    plain.append(asyncio.run(plain_loop(url, tasks, settings, level)))
+                    evals.append(asyncio.run(eval_run(url, tasks, settings)))
+                n = len(tasks[0].rows) * settings.n
+                row = (level, n, n / min(plain), n / min(evals), min(evals) / min(plain))
+                rows.append(row)
+                print(f"concurrency {level}: plain {row[2]:.1f}/s, eval {row[3]:.1f}/s, ratio {row[4]:.3f}", flush=True)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    print("\n| concurrency | samples | plain SDK loop (samples/s) | molt-env eval (samples/s) | overhead ratio |")
+    print("|---|---|---|---|---|")
+    for level, n, plain_rate, eval_rate, ratio in rows:
+        print(f"| {level} | {n} | {plain_rate:.1f} | {eval_rate:.1f} | {ratio:.3f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,10 @@
+"""``molt-env validate``: install an env package into a fresh venv and check it inside the sandbox jail.
+
+``validate(target) -> ValidationReport`` is the one entry point (the registry server's publish gate calls it too);
+``report.ok`` is the verdict, ``report.to_json()`` its stored form.
+"""
+
+from env_registry.validation.report import Check, ValidationReport
+from env_registry.validation.validate import validate
+
+__all__ = ["Check", "ValidationReport", "validate"]

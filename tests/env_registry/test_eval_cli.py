@@ -1,0 +1,288 @@
+"""``molt-env eval`` as users run it: real processes against a real ``molt-train serve`` endpoint (tiny model)."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from eval_support import MOLT_ENV, cli_env, molt_env, samples, serve, stop, summary  # noqa: E402
+
+from env_registry.cli import main  # noqa: E402
+from env_registry.evaluation import pass_at_k  # noqa: E402
+
+COIN = "eval_envs:test/coin-v1"
+CHAT_COIN = "eval_envs:test/chat-coin-v1"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, tiny_model, tiny_tokenizer) -> Path:
+    from molt_train.models.tiny import save_tiny
+
+    return save_tiny(tiny_model, tiny_tokenizer, tmp_path_factory.mktemp("eval-model") / "hf")
+
+
+@pytest.fixture(scope="module")
+def endpoint(checkpoint):
+    url, proc = serve(checkpoint, "--max-tokens", "8")
+    yield url
+    stop(proc)
+
+
+def eval_here(capsys, *args: str) -> tuple[int, str, str]:
+    """``molt-env eval ARGS`` in this process (the CLI's own code path, without an interpreter start)."""
+    rc = main(["eval", *args])
+    captured = capsys.readouterr()
+    return rc, captured.out, captured.err
+
+
+def hand_pass_at_k(records: list[dict], k: int) -> float:
+    by_prompt: dict[int, list[float]] = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt_id"], []).append(r["reward"])
+    values = [pass_at_k(len(v), sum(x == 1.0 for x in v), k) for v in by_prompt.values()]
+    return sum(values) / len(values)
+
+
+def test_mix_of_env_and_chat_agent_against_the_endpoint(endpoint, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "eval"
+    rc, _, err = eval_here(
+        capsys, "--env", f"{COIN}:3", "--env", CHAT_COIN, "--base-url", f"{endpoint}/v1", "--model-name", "policy",
+        "-n", "4", "--k", "1,2,4", "--max-samples", "2", "--max-new-tokens", "6", "--concurrency", "8",
+        "--out", str(out),
+    )  # fmt: skip
+    assert rc == 0, err
+    result = summary(out)
+    for key in ("env_id", "split", "num_prompts", "n", "pass@1", "pass@4", "mean_reward", "failures", "model", "seed",
+                "started", "finished"):  # fmt: skip
+        assert key in result, key
+    assert result["env_id"] == ["test/coin-v1", "test/chat-coin-v1"] and result["n"] == 4
+    assert result["weights"] == {"test/coin-v1": 0.75, "test/chat-coin-v1": 0.25}
+    records = samples(out)
+    assert len(records) == 2 * 2 * 4 and result["failures"] == {}
+    for env_id, per_env in result["envs"].items():
+        mine = [r for r in records if r["env_id"] == env_id]
+        for key in ("package_version", "spec_hash", "split", "num_prompts"):
+            assert key in per_env
+        for k in (1, 2, 4):
+            assert per_env[f"pass@{k}"] == pytest.approx(hand_pass_at_k(mine, k))
+        assert per_env["mean_reward"] == pytest.approx(sum(r["reward"] for r in mine) / len(mine))
+        assert all(r["completion_tokens"] and r["prompt_tokens"] and r["turns"] == 1 for r in mine)
+    assert result["pass@1"] == pytest.approx(
+        0.75 * result["envs"]["test/coin-v1"]["pass@1"] + 0.25 * result["envs"]["test/chat-coin-v1"]["pass@1"]
+    )
+    assert 0 < result["envs"]["test/coin-v1"]["pass@1"] < 1  # the coin env separates passes from fails
+    chat = next(r for r in records if r["env_id"] == "test/chat-coin-v1")
+    assert chat["transcript"][0]["request"]["messages"] == chat["prompt"]  # recorded through the eval's proxy
+    assert (out / "report.png").stat().st_size > 1000 and "pass@4" in (out / "report.md").read_text()
+
+    monkeypatch.setenv("MOLT_TEST_FLIP", "1")  # a new grader: every grade inverts
+    rc, _, err = eval_here(capsys, "--reverify", str(out))
+    assert rc == 0, err
+    again = summary(out, "summary.reverified.json")
+    assert again["reverified_changed"] == len(records) and samples(out) == records  # the originals stay
+    assert again["envs"]["test/coin-v1"]["mean_reward"] == pytest.approx(
+        1 - result["envs"]["test/coin-v1"]["mean_reward"]
+    )
+
+
+def test_anthropic_wire_for_env_and_chat_agent(endpoint, tmp_path, capsys):
+    out = tmp_path / "eval"
+    rc, _, err = eval_here(
+        capsys, COIN, "molt/chat-gsm8k-anthropic-v1", "--base-url", endpoint, "--wire", "anthropic",
+        "--max-samples", "1", "--max-new-tokens", "4", "--out", str(out), "--quiet",
+    )  # fmt: skip
+    assert rc == 0, err
+    records = samples(out)
+    assert len(records) == 2 and all(r["completed"] and r["completion_tokens"] for r in records)
+    assert {r["env_id"] for r in records} == {"test/coin-v1", "molt/chat-gsm8k-anthropic-v1"}
+    chat = next(r for r in records if r["env_id"] == "molt/chat-gsm8k-anthropic-v1")
+    assert chat["transcript"][0]["wire"] == "anthropic" and chat["transcript"][0]["status"] == 200
+
+
+def test_a_killed_eval_resumes_without_losing_or_repeating_a_sample(endpoint, tmp_path, capsys):
+    out = tmp_path / "eval"
+    args = [MOLT_ENV, "eval", COIN, "--base-url", f"{endpoint}/v1", "-n", "2", "--max-samples", "8",
+            "--max-new-tokens", "4", "--concurrency", "1", "--out", str(out)]  # fmt: skip
+    proc = subprocess.Popen(args, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (
+        (out / "samples.jsonl").is_file() and len(samples(out)) >= 3
+    ):  # wait for some samples
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    before = samples(out)
+    assert 3 <= len(before) < 16
+    with (out / "samples.jsonl").open("a") as f:
+        f.write('{"env_id": "test/coin-v1", "prompt_id": 0, "sam')  # a line torn by the kill
+    done = subprocess.run(args, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    after = samples(out)
+    keys = Counter((r["prompt_id"], r["sample"]) for r in after)
+    assert len(after) == 16 and set(keys.values()) == {1}
+    assert after[: len(before)] == before  # the samples done before the kill are kept as they were
+    result = summary(out)
+    assert result["num_samples"] == 16 and result["samples_this_run"] == 16 - len(before)
+
+    rc, _, err = eval_here(capsys, COIN, "--base-url", f"{endpoint}/v1", "--temperature", "0.5", "--out", str(out))
+    assert rc == 2 and "temperature" in err and "another --out" in err
+
+
+def test_model_dir_is_served_for_the_eval(checkpoint, tmp_path, capsys):
+    out = tmp_path / "eval"
+    rc, _, err = eval_here(capsys, COIN, "--model", str(checkpoint), "--max-samples", "1", "-n", "2",
+                           "--max-new-tokens", "4", "--out", str(out), "--quiet")  # fmt: skip
+    assert rc == 0, err
+    result = summary(out)
+    assert result["model"] == f"hf:{checkpoint}" and result["num_samples"] == 2 and result["failures"] == {}
+
+
+def test_bad_input_is_a_clear_error_before_anything_starts(endpoint, tmp_path, capsys):
+    cases = {
+        ("--model", str(tmp_path)): "no config.json",
+        ("--base-url", "http://127.0.0.1:9/v1"): "cannot reach the endpoint",
+        ("--base-url", f"{endpoint}/v1", "-n", "2", "--k", "1,4"): "--k 4 is not possible with -n 2",
+        ("--base-url", f"{endpoint}/v1", "--env", f"{COIN}:abc"): "weight 'abc' is not a number",
+        ("--base-url", f"{endpoint}/v1", "--env", f"{COIN}:0"): "finite number > 0",
+        ("--base-url", f"{endpoint}/v1", "--env", "molt/arith-v9"): "version v9",
+        ("--base-url", f"{endpoint}/v1", "--split", "nope"): "no dataset split 'nope'",
+    }
+    for args, message in cases.items():
+        env_ids = [] if "--env" in args else [COIN]
+        rc, out, err = eval_here(capsys, *env_ids, *args, "--out", str(tmp_path / "never"))
+        assert rc == 2, (args, out, err)
+        assert message in err and "Traceback" not in err, (args, err)
+    done = molt_env("eval", COIN, "--base-url", "http://127.0.0.1:9/v1")  # the same as a real process
+    assert done.returncode == 2 and "cannot reach the endpoint" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "never" / "samples.jsonl").exists()
+
+
+def test_a_hung_grader_is_a_counted_timeout(endpoint, tmp_path):
+    out = tmp_path / "eval"
+    done = molt_env("eval", "eval_envs:test/hang-v1", "--base-url", f"{endpoint}/v1", "--max-samples", "1",
+                    "--max-new-tokens", "4", "--timeout", "2", "--out", str(out))  # fmt: skip
+    assert done.returncode == 0, done.stderr  # and the process ended, though the grader's thread still sleeps
+    assert summary(out)["failures"] == {"timeout": 1}
+    assert [r["failure"]["reason"] for r in samples(out)] == ["timeout"]
+
+
+def test_endpoint_errors_are_retried_then_counted(endpoint, tmp_path, capsys):
+    """A flaky front of the endpoint (429, then 503, on each chat call) is retried through with back-off; a front
+    that always fails is counted, one endpoint_error per sample."""
+    import threading
+
+    import httpx
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    seen: Counter = Counter()
+    front_url: list[str] = []
+    mode = ["flaky"]
+
+    async def front(request):
+        body = await request.body()
+        chat = request.url.path.endswith("/chat/completions")
+        seen[(request.url.path, body)] += 1
+        tries = seen[(request.url.path, body)]
+        if chat and (mode[0] == "dead" or tries <= 2):
+            status = 500 if mode[0] == "dead" else (429 if tries == 1 else 503)
+            return JSONResponse({"error": {"message": "try again"}}, status_code=status)
+        async with httpx.AsyncClient(timeout=None) as client:
+            reply = await client.request(
+                request.method, endpoint + request.url.path, content=body, headers={"content-type": "application/json"}
+            )
+        content = reply.content.replace(endpoint.encode(), front_url[0].encode())  # session URLs point at the front
+        return Response(content, status_code=reply.status_code, media_type="application/json")
+
+    app = Starlette(routes=[Route("/{path:path}", front, methods=["GET", "POST", "DELETE"])])
+    server = uvicorn.Server(uvicorn.Config(app, port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    front_url.append(f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}")
+    try:
+        rc, _, err = eval_here(capsys, COIN, "--base-url", f"{front_url[0]}/v1", "--max-samples", "2", "--max-new-tokens", "4", "--out",
+                               str(tmp_path / "flaky"), "--quiet")  # fmt: skip
+        assert rc == 0, err
+        assert summary(tmp_path / "flaky")["failures"] == {}
+        chats = [n for (path, _), n in seen.items() if path.endswith("/chat/completions")]
+        assert chats == [3, 3]  # 429, 503, then the answer
+        mode[0] = "dead"
+        seen.clear()
+        rc, _, err = eval_here(capsys, COIN, "--base-url", f"{front_url[0]}/v1", "--max-samples", "2",
+                               "--max-new-tokens", "4", "--max-retries", "1", "--out", str(tmp_path / "dead"), "--quiet")  # fmt: skip
+        assert rc == 0, err
+        assert summary(tmp_path / "dead")["failures"] == {"endpoint_error": 2}
+        assert all("500" in r["failure"]["detail"] for r in samples(tmp_path / "dead"))
+        assert [n for (path, _), n in seen.items() if path.endswith("/chat/completions")] == [2, 2]  # 1 retry
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_publish_results_needs_a_registry_server(endpoint, tmp_path, capsys):
+    rc, _, err = eval_here(
+        capsys, COIN, "--base-url", f"{endpoint}/v1", "--publish-results", "--registry", str(tmp_path)
+    )
+    assert rc == 2 and "--publish-results needs a registry server" in err
+
+
+def test_publish_results_uploads_the_summary_per_release(endpoint, server, letter_count, tmp_path, capsys):
+    """The example package published to a live registry server; its eval summary uploaded next to the release."""
+    import httpx
+
+    from env_registry.build import read_source
+    from env_registry.client import RegistryClient
+    from env_registry.registry import registry
+    from env_registry.store import Conflict
+
+    with contextlib.suppress(Conflict):  # another test may have published it to the session's server
+        RegistryClient(server.url, server.token).publish(letter_count)
+    source = read_source(Path(__file__).resolve().parents[2] / "examples" / "envs" / "acme_letter_count")
+    sys.path.insert(0, str(source.root))
+    [manifest] = source.manifests
+    fields = manifest.model_dump(exclude={"id", "entry_point"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # registered again when the server is parametrized
+        registry.register(
+            manifest.id, manifest.entry_point, **fields, package=source.name, package_version=source.version
+        )
+    out = tmp_path / "eval"
+    rc, printed, err = eval_here(
+        capsys, manifest.id, "--base-url", f"{endpoint}/v1", "--max-samples", "2", "--max-new-tokens", "4",
+        "--out", str(out), "--publish-results", "--registry", server.url, "--token", server.token, "--quiet",
+    )  # fmt: skip
+    assert rc == 0, err
+    assert f"published the eval of {manifest.id}" in printed
+    stored = httpx.get(f"{server.url}/api/packages/{source.name}/{source.version}/evals").json()
+    assert stored and stored[-1]["summary"]["spec_hash"] == summary(out)["spec_hash"]
+
+
+def test_molt_train_eval_is_the_same_loop_with_pass_at_k(checkpoint, capsys):
+    """``molt-train eval`` (and the trainer's periodic eval: the same ``RolloutWorker.evaluate``) goes through
+    ``env_registry.evaluation``: n samples per row, pass@k for every k <= n, failures by reason."""
+    import json
+
+    from molt_train import eval_cli
+
+    argv = ["--env", COIN, "--actor.model_name_or_path", str(checkpoint), "--eval.max_samples", "3",
+            "--eval.n_samples_per_prompt", "4", "--eval.temperature", "1.0", "--rollout.max_new_tokens", "4"]  # fmt: skip
+    assert eval_cli.main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["num_rows"] == 3 and result["failed"] == 0
+    assert [k for k in result if k.startswith("pass@")] == ["pass@1", "pass@2", "pass@3", "pass@4"]
+    assert result["accuracy"] == pytest.approx(result["pass@1"])  # 0/1 rewards, every sample completed
+    assert result["pass@4"] > 0.0 and result["pass@1"] <= result["pass@4"] <= 1.0

@@ -1,0 +1,104 @@
+"""The shared eval loop in process: pass@k by hand, the in-process engine policy, the durable sample store."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import eval_envs  # noqa: E402,F401  (registers test/*)
+
+from env_registry.errors import Error  # noqa: E402
+from env_registry.evaluation import EnginePolicy, EvalSettings, evaluate, load_tasks, pass_at_k, resolve_ks  # noqa: E402
+from env_registry.evaluation.chat_driver import Reply, drive_env  # noqa: E402
+from env_registry.evaluation.episode import invalid_action  # noqa: E402
+from env_registry.evaluation.samples import SampleStore  # noqa: E402
+from env_registry.mix import parse_env_mix  # noqa: E402
+from env_registry.registry import registry  # noqa: E402
+from molt_envs import SamplingParams  # noqa: E402
+
+
+def test_pass_at_k_by_hand():
+    assert pass_at_k(4, 0, 1) == 0.0 and pass_at_k(4, 4, 4) == 1.0
+    assert pass_at_k(4, 1, 1) == pytest.approx(0.25)
+    assert pass_at_k(4, 1, 2) == pytest.approx(1 - 3 / 6)  # C(3,2)/C(4,2) draws miss the one pass
+    assert pass_at_k(5, 2, 3) == pytest.approx(1 - 1 / 10)  # only {the 3 fails} misses: C(3,3)/C(5,3)
+    assert pass_at_k(8, 6, 3) == 1.0  # fewer fails than draws
+    with pytest.raises(ValueError, match="k <= n"):
+        pass_at_k(2, 1, 3)
+
+
+def test_k_must_not_exceed_n():
+    assert resolve_ks(None, 3) == [1, 2, 3] and resolve_ks([4, 1, 4], 8) == [1, 4]
+    with pytest.raises(Error, match="--k 8 is not possible with -n 4"):
+        resolve_ks([1, 8], 4)
+
+
+def test_engine_policy_evaluates_env_and_chat_agent_ids(tiny_engine, tiny_tokenizer, tmp_path):
+    tasks = load_tasks(parse_env_mix(["test/coin-v1", "test/chat-coin-v1", "molt/arith-v1"]), "test", 2)
+    settings = EvalSettings(n=3, max_new_tokens=5, concurrency=4, seed=7)
+    policy = EnginePolicy(tiny_engine, tiny_tokenizer, 256, "tiny")
+    result = asyncio.run(evaluate(tasks, policy, settings, out=tmp_path))
+    records = [json.loads(line) for line in (tmp_path / "samples.jsonl").read_text().splitlines()]
+    assert len(records) == 3 * 2 * 3 and result["failures"] == {}
+    assert len({r["seed"] for r in records}) == 18  # every sample its own seed
+    coin = [r for r in records if r["env_id"] == "test/coin-v1"]
+    assert all(r["actions"] and r["reward"] == eval_envs.coin(r["actions"][0]) for r in coin)  # graded what was said
+    by_prompt = {p: [r["reward"] for r in coin if r["prompt_id"] == p] for p in (0, 1)}
+    expected = sum(pass_at_k(3, int(sum(v)), 2) for v in by_prompt.values()) / 2
+    assert result["envs"]["test/coin-v1"]["pass@2"] == pytest.approx(expected)
+
+    again = asyncio.run(evaluate(tasks, policy, settings, out=tmp_path))  # resumed: nothing left to do
+    assert again["samples_this_run"] == 0 and again["envs"] == result["envs"]
+
+
+def test_the_store_drops_a_torn_line_and_refuses_a_corrupt_one(tmp_path):
+    good = {"env_id": "e", "prompt_id": 0, "sample": 0, "reward": 1.0}
+    (tmp_path / "samples.jsonl").write_text(json.dumps(good) + "\n" + '{"env_id": "e", "pro')
+    store = SampleStore(tmp_path)
+    assert list(store.records) == [("e", 0, 0)]
+    assert (tmp_path / "samples.jsonl").read_text() == json.dumps(good) + "\n"
+    (tmp_path / "samples.jsonl").write_text("not json\n" + json.dumps(good) + "\n")
+    with pytest.raises(Error, match=r"samples.jsonl:1 is not a sample record"):
+        SampleStore(tmp_path)
+
+
+def scripted(*replies: Reply):
+    """A model stand-in answering with ``replies`` in order, recording what it was sent."""
+    sent: list[list[dict]] = []
+    queue = list(replies)
+
+    async def generate(messages, tools, params):
+        sent.append([dict(m) for m in messages])
+        return queue.pop(0)
+
+    return generate, sent
+
+
+def test_chat_driver_turns_tool_calls_into_action_text_and_answers_them():
+    call = {"id": "call_7", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+    generate, sent = scripted(Reply("let me look", [call], prompt_tokens=10, completion_tokens=5), Reply("it is 42"))
+    row = {"prompt": [{"role": "user", "content": "what?"}], "label": "42"}
+    env = registry.make("test/tool-v1")
+    episode = asyncio.run(drive_env(env, row, generate, SamplingParams(), max_turns=3))
+    assert episode.failure is None and episode.reward == 1.0 and episode.turns == 2
+    assert episode.actions[0] == 'let me look\n<tool_call>\n{"name": "lookup", "arguments": {"q": "x"}}\n</tool_call>'
+    assert sent[1][-2] == {"role": "assistant", "content": "let me look", "tool_calls": [call]}
+    assert sent[1][-1] == {"role": "tool", "content": "42", "tool_call_id": "call_7"}
+    assert episode.completion_tokens is None  # the second reply carried no usage: no partial count
+
+
+def test_chat_driver_refuses_raw_text_and_counts_bad_actions():
+    row = {"prompt": [{"role": "user", "content": "go"}], "label": "0"}
+    generate, _ = scripted(Reply("a"))
+    raw = asyncio.run(drive_env(registry.make("test/raw-v1"), row, generate, SamplingParams(), max_turns=3))
+    assert raw.failure.reason == "unsupported_observation" and raw.reward is None
+    assert "molt-train eval" in raw.failure.detail
+    generate, _ = scripted(Reply("no tool"))
+    bad = asyncio.run(drive_env(registry.make("test/tool-v1"), row, generate, SamplingParams(), max_turns=3))
+    assert bad.reward == 0.0 and invalid_action(bad.info).reason == "invalid_action"
