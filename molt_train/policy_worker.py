@@ -236,21 +236,21 @@ class PolicyWorker:
         return parallel.clip_grad_norm(list(self.model.parameters()), self.actor.max_norm or float("inf"))
 
     # -- weights and checkpoints --
-    def full_state_dict(self, cpu_offload: bool = True) -> dict[str, Tensor] | None:
+    def full_state_dict(self, cpu_offload: bool = True, ranks: int = 1) -> dict[str, Tensor] | None:
         """The unsharded HF-named weights on rank 0 (None elsewhere), in CPU memory or, without ``cpu_offload``,
-        on this rank's device; every rank must call it."""
+        on this rank's device, there on ranks 0..``ranks``-1; every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload))
-        if self.rank != 0:
+        if self.rank >= (1 if cpu_offload else ranks):  # offloaded, only rank 0 receives the gathered tensors
             return None
         tied = getattr(self.config, "tie_word_embeddings", False)
         return {k.removeprefix("lm."): v for k, v in sd.items() if not (tied and k == "lm.lm_head.weight")}
 
-    def _engine_weights(self, dtype: str) -> list[tuple[str, Tensor]] | None:
-        """Rank 0: the full weights on this GPU cast to the engine's ``dtype`` ('auto' keeps them); None on the
-        other ranks. Every rank must call it (the shards are gathered)."""
-        weights = self.full_state_dict(cpu_offload=False)
+    def _engine_weights(self, dtype: str, ranks: int = 1) -> list[tuple[str, Tensor]] | None:
+        """Ranks 0..``ranks``-1: the full weights on this GPU cast to the engine's ``dtype`` ('auto' keeps them);
+        None on the other ranks. Every rank must call it (the shards are gathered)."""
+        weights = self.full_state_dict(cpu_offload=False, ranks=ranks)
         if weights is None:
             return None
         if self.device.type != "cuda":
@@ -258,12 +258,13 @@ class PolicyWorker:
         target = None if dtype == "auto" else getattr(torch, dtype)
         return [(name, t if target is None else t.to(target)) for name, t in weights.items()]
 
-    def share_weights(self, dtype: str, bucket_bytes: int) -> tuple[list[bytes], int] | None:
-        """Rank 0: the engine weights packed into GPU buckets and shared by CUDA IPC with a rollout engine on this
-        GPU: (payloads, bytes). The buckets stay alive until ``release_shared``. Every rank must call it."""
+    def share_weights(self, dtype: str, bucket_bytes: int, ranks: int = 1) -> tuple[list[bytes], int] | None:
+        """Ranks 0..``ranks``-1 (1: rank 0; an engine over several GPUs: the ranks on them): the engine weights
+        packed into GPU buckets and shared by CUDA IPC with the rollout engine's worker on this GPU: (payloads,
+        bytes). The buckets stay alive until ``release_shared``. Every rank must call it."""
         from molt_train.engines.weight_buckets import pack, share
 
-        weights = self._engine_weights(dtype)
+        weights = self._engine_weights(dtype, ranks)
         if weights is None:
             return None
         self._shared = list(pack(weights, bucket_bytes, device=self.device))

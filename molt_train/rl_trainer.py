@@ -35,7 +35,7 @@ from molt_train.data import env_mix, load_eval_rows, load_rows
 from molt_train.experience import Experience, make_experience
 from molt_train.metrics import MetricsLogger
 from molt_train.parallel import FSDPConfig
-from molt_train.placement import in_bundle, plan_placement, reserve
+from molt_train.placement import bundle_gpu_ids, in_bundle, plan_placement, reserve
 from molt_train.rollout import RolloutWorker, eval_sampling
 from molt_train.runtime import cpu_threads, init_ray
 from molt_train.worker_group import WorkerGroup
@@ -86,12 +86,13 @@ class RLTrainer:
         )
         if (
             self.placement.weight_sync == "nccl" and not self.replay
-        ):  # trainer rank 0 + the engine's one worker: the weight-sync group
+        ):  # trainer rank 0 + every worker of the engine (TP x DP of them): the weight-sync group
             host, port = ray.get(self.policy.workers[0].node_endpoint.remote())
+            senders = 1 + cfg.vllm.gpus_per_engine
             ray.get(
                 [
-                    self.policy.workers[0].init_weight_sender.remote(host, port, 2, cfg.vllm.bucket_bytes),
-                    self.rollout.init_weight_group.remote(host, port, 2),
+                    self.policy.workers[0].init_weight_sender.remote(host, port, senders, cfg.vllm.bucket_bytes),
+                    self.rollout.init_weight_group.remote(host, port, senders),
                 ]
             )
         self.reference = None
@@ -127,12 +128,16 @@ class RLTrainer:
         import ray
 
         cfg, placement = self.cfg, self.placement
+        devices = (
+            bundle_gpu_ids(self.group, placement.engine_device_bundles) if placement.engine_device_bundles else None
+        )
         rollout = start_rollout_worker(
             cfg,
             model_path,
             num_gpus=placement.engine_gpus,
             num_threads=placement.rollout_threads,
             options=in_bundle(self.group, placement.engine_bundle),
+            devices=devices,
         )
         weights = {e.env_id: e.weight for e in env_mix(cfg)} if not cfg.data.prompt_dataset else None
         ray.get(
@@ -313,10 +318,13 @@ class RLTrainer:
             sent = self.policy.workers[0].send_weights.remote(times=2 if check else 1)
             timing = ray.get(self.rollout.receive_weights.remote(plan, check=check))
             ray.get(sent)
-        else:  # cuda_ipc
-            payloads, nbytes = ray.get(
-                self.policy.call_async("share_weights", dtype=vllm.dtype, bucket_bytes=vllm.bucket_bytes)
-            )[0]
+        else:  # cuda_ipc; an engine over several GPUs: each of their trainer ranks shares the buckets from its own
+            span = len(self.placement.engine_device_bundles) or 1
+            shared = ray.get(
+                self.policy.call_async("share_weights", dtype=vllm.dtype, bucket_bytes=vllm.bucket_bytes, ranks=span)
+            )[:span]
+            nbytes = shared[0][1]
+            payloads = shared[0][0] if span == 1 else [list(p) for p in zip(*(s[0] for s in shared), strict=True)]
             try:
                 timing = ray.get(self.rollout.load_shared_weights.remote(payloads, nbytes, check=check))
             finally:
@@ -361,10 +369,17 @@ class RLTrainer:
 
 
 def start_rollout_worker(
-    cfg: RLConfig, model_path: str, *, num_gpus: float, num_threads: int, options: dict[str, Any]
+    cfg: RLConfig,
+    model_path: str,
+    *,
+    num_gpus: float,
+    num_threads: int,
+    options: dict[str, Any],
+    devices: list[str] | None = None,
 ) -> Any:
     """The ``RolloutWorker`` Ray actor of ``cfg``'s engine and agent, its engine started (vLLM sizes its KV cache
-    before anything else allocates)."""
+    before anything else allocates); ``devices``: the GPUs a colocated vLLM engine of several GPUs runs its workers
+    on (``placement.bundle_gpu_ids``), None for the actor's own."""
     import ray
 
     agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
@@ -381,7 +396,7 @@ def start_rollout_worker(
         partial_rollout=cfg.train.partial_rollout_enable,
     )
     if cfg.rollout.engine == "vllm":
-        ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed))
+        ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed, devices))
     if cfg.judge.enabled:
         ray.get(rollout.start_judge.remote(cfg.judge))
     return rollout
@@ -398,7 +413,7 @@ def evaluate_once(cfg: RLConfig) -> dict[str, float]:
     output_dir.mkdir(parents=True, exist_ok=True)
     init_ray(cfg.ray)
     model_path = str(Path(cfg.actor.model_name_or_path).resolve())
-    gpus = 1.0 if cfg.rollout.engine == "vllm" else 0.0
+    gpus = float(cfg.vllm.gpus_per_engine) if cfg.rollout.engine == "vllm" else 0.0
     rollout = start_rollout_worker(
         cfg, model_path, num_gpus=gpus, num_threads=cpu_threads(cfg.actor.num_threads, 1), options={}
     )
