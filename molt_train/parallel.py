@@ -1,4 +1,6 @@
-"""How the trainer's ranks split one model: ``--fsdp.*`` (tensor parallel and optimizer offload over FSDP2).
+"""How the trainer's ranks split one model: ``--fsdp.*`` (tensor parallel and optimizer offload over FSDP2;
+``--fsdp.cp_size`` / ``--fsdp.ep_size`` are flags that refuse anything but 1: context and expert parallelism are not
+built).
 
 The ranks of a ``WorkerGroup`` form a 2-D device mesh ``(dp, tp)``: ``--fsdp.tp_size`` ranks hold one model between
 them (DTensor tensor parallelism inside every decoder layer: the attention's q/k/v and the MLP's gate/up projections
@@ -12,7 +14,7 @@ summed by FSDP2 over ``dp`` only), so the log-prob head sees the full vocabulary
 GPU for its forward and backward, trading step time for the GPU memory of 12 bytes per parameter.
 
 The CPU tests (gloo) check that a two-rank TP update equals the one-rank update and that the offloaded update equals
-the plain one (``tests/molt_train/test_parallel.py``).
+the plain one (``tests/molt_train/test_trainer_ray.py``).
 """
 
 from __future__ import annotations
@@ -40,6 +42,16 @@ class FSDPConfig:
         "--actor.num_workers / tp_size groups); must divide --actor.num_workers and the head counts",
         minimum=1,
     )
+    cp_size: int = option(
+        1,
+        "context-parallel ranks per sequence (not built: only 1 is accepted; see molt_train/README.md)",
+        minimum=1,
+    )
+    ep_size: int = option(
+        1,
+        "expert-parallel ranks per MoE layer (not built: only 1 is accepted; see molt_train/README.md)",
+        minimum=1,
+    )
     offload: str = option(
         "none",
         "optimizer: fp32 master weights, gradients and AdamW states in CPU memory (FSDP2 CPUOffloadPolicy; "
@@ -56,6 +68,17 @@ def check_fsdp(fsdp: FSDPConfig, num_workers: int, backend: str) -> None:
         raise ConfigError(
             f"--fsdp.tp_size {fsdp.tp_size} must divide --actor.num_workers {num_workers} "
             f"(each tensor-parallel group holds one copy of the model); use e.g. --actor.num_workers {fsdp.tp_size}"
+        )
+    if fsdp.cp_size > 1:
+        raise ConfigError(
+            f"--fsdp.cp_size {fsdp.cp_size}: context parallelism is not built in this trainer (torch's "
+            "context_parallel shards only CUDA SDPA kernels, and NeMo AutoModel's ContextParallelSharder is not wired "
+            f"in for --actor.backend {backend}); use --fsdp.cp_size 1 and a --data.max_len that fits one rank"
+        )
+    if fsdp.ep_size > 1:
+        raise ConfigError(
+            f"--fsdp.ep_size {fsdp.ep_size}: expert parallelism is not built in this trainer (--actor.backend "
+            f"{backend} keeps every expert on every rank, sharded by FSDP2); use --fsdp.ep_size 1"
         )
     if fsdp.tp_size > 1 and backend != "hf":
         raise ConfigError(

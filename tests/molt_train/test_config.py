@@ -110,6 +110,8 @@ REFUSED = [
     ),
     (["--actor.num_workers", "3", "--fsdp.tp_size", "2"], "--fsdp.tp_size 2 must divide --actor.num_workers 3"),
     (["--fsdp.offload", "params"], "--fsdp.offload 'params' is unknown"),
+    (["--fsdp.cp_size", "2"], "--fsdp.cp_size 2: context parallelism is not built"),
+    (["--fsdp.ep_size", "8"], "--fsdp.ep_size 8: expert parallelism is not built"),
 ]
 
 
