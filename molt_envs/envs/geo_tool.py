@@ -23,13 +23,13 @@ from typing import Any
 
 from molt_envs.contract import Result, StepState
 from molt_envs.envs.python_tool import PythonToolEnv
+from molt_envs.envs.shapes import seeded_split
 
 SYSTEM_PROMPT = (
     "Answer the geometry question from the figure: read the lengths and angles labelled in it. You may call the "
     "python_executor tool to compute. Give the final answer as \\boxed{number}."
 )
 TRIPLES = ((3, 4, 5), (5, 12, 13), (8, 15, 17), (7, 24, 25), (20, 21, 29), (9, 40, 41))
-SPLIT_OFFSETS = {"train": 0, "test": 1_000_000}
 SIZE = 192
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
@@ -113,13 +113,7 @@ def make_row(seed: int) -> dict[str, Any]:
 
 def generate_split(split: str, size: int = 1000, seed: int = 0) -> Iterator[dict[str, Any]]:
     """Rows of ``split`` ('train' or 'test'): row ``i`` is ``make_row(seed * 10**7 + offset + i)``."""
-    if split not in SPLIT_OFFSETS:
-        raise ValueError(f"geo-tool has splits {sorted(SPLIT_OFFSETS)}, not {split!r}")
-    if not 0 < size <= 1_000_000:
-        raise ValueError(f"a geo-tool split holds 1 to 1,000,000 rows (its seed range), got size={size}")
-    base = seed * 10**7 + SPLIT_OFFSETS[split]
-    for i in range(size):
-        yield make_row(base + i)
+    return seeded_split("geo-tool", make_row, split, size, seed)
 
 
 def boxed(text: str) -> str:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from molt_envs.contract import Env, Result, StepState
@@ -76,13 +76,24 @@ def make_row(seed: int) -> dict[str, Any]:
 
 def generate_split(split: str, size: int = 2000, seed: int = 0) -> Iterator[dict[str, Any]]:
     """Rows of ``split`` ('train' or 'test'): row ``i`` is ``make_row(seed * 10**7 + offset + i)``."""
+    return seeded_split("shapes", make_row, split, size, seed)
+
+
+def seeded_split(
+    name: str, make_row: Callable[[int], dict[str, Any]], split: str, size: int, seed: int
+) -> Iterator[dict[str, Any]]:
+    """The rows of a generated env's ``split``: row ``i`` is ``make_row(seed * 10**7 + offset + i)``, the test
+    split's seeds 1,000,000 above the train split's (disjoint for up to 1,000,000 rows).
+
+    Raises:
+        ValueError: an unknown ``split`` or a ``size`` outside 1..1,000,000, naming env ``name``.
+    """
     if split not in SPLIT_OFFSETS:
-        raise ValueError(f"shapes has splits {sorted(SPLIT_OFFSETS)}, not {split!r}")
+        raise ValueError(f"{name} has splits {sorted(SPLIT_OFFSETS)}, not {split!r}")
     if not 0 < size <= 1_000_000:
-        raise ValueError(f"a shapes split holds 1 to 1,000,000 rows (its seed range), got size={size}")
+        raise ValueError(f"a {name} split holds 1 to 1,000,000 rows (its seed range), got size={size}")
     base = seed * 10**7 + SPLIT_OFFSETS[split]
-    for i in range(size):
-        yield make_row(base + i)
+    return (make_row(base + i) for i in range(size))
 
 
 def normalize(text: str) -> str:

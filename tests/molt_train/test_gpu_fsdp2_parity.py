@@ -1,23 +1,24 @@
 """Two-way FSDP2 on two GPUs gives the same update as one GPU: the trainer's ``PolicyWorker`` ranks (NCCL), one
 optimizer step over the same token-budgeted micro-batches, full state dicts compared. Ray is not needed here: the
-ranks are plain processes, one GPU each.
+ranks are plain processes, one GPU each. Needs two GPUs (skipped on fewer):
 
-    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python3 benchmarks/gpu/fsdp2_parity.py
+    NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 python3 -m pytest -m gpu tests/molt_train/test_gpu_fsdp2_parity.py
 """
 
 from __future__ import annotations
 
 import json
 import os
-import sys
-import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA GPUs (FSDP2 over two ranks)"),
+]
 GSM8K = Path(__file__).resolve().parents[2] / "molt_envs" / "envs" / "data" / "gsm8k" / "train.jsonl"
 
 
@@ -72,18 +73,17 @@ def rank_main(rank: int, world: int, model_dir: str, port: int, out: str) -> Non
     worker.shutdown()
 
 
-def main() -> None:
+def test_two_ranks_give_the_one_rank_update(tmp_path: Path) -> None:
     from molt_train.models.tiny import build_tiny_model, save_tiny, train_tokenizer
 
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     os.environ.setdefault("TORCH_SYMM_MEM_DISABLE_MULTICAST", "1")
-    tmp = Path(tempfile.mkdtemp())
     rows = [json.loads(line) for line in GSM8K.read_text().splitlines()[:1000]]
     tok = train_tokenizer([r["question"] for r in rows], vocab_size=512)
-    model_dir = str(save_tiny(build_tiny_model(tok, hidden_size=128, num_layers=4), tok, tmp / "model"))
+    model_dir = str(save_tiny(build_tiny_model(tok, hidden_size=128, num_layers=4), tok, tmp_path / "model"))
     results = {}
     for world, port in ((1, 29611), (2, 29612)):
-        out = str(tmp / f"w{world}.pt")
+        out = str(tmp_path / f"w{world}.pt")
         mp.spawn(rank_main, args=(world, model_dir, port, out), nprocs=world, join=True)
         results[world] = torch.load(out)
     one, two = results[1], results[2]
@@ -94,10 +94,6 @@ def main() -> None:
         f"rank {one['micro_batches']} vs {two['micro_batches']}; the step moved weights by up to {one['moved']:.2e}; "
         f"max |param diff| 1 vs 2 ranks {diffs[worst]:.2e} ({worst}) over {len(diffs)} tensors"
     )
-    ok = abs(one["loss"] - two["loss"]) < 1e-4 and diffs[worst] < 1e-4 and one["moved"] > 1e-3
-    print("PARITY OK" if ok else "PARITY FAILED")
-    sys.exit(0 if ok else 1)
-
-
-if __name__ == "__main__":
-    main()
+    assert one["moved"] > 1e-3, "the step did not move the weights: nothing was compared"
+    assert abs(one["loss"] - two["loss"]) < 1e-4, (one["loss"], two["loss"])
+    assert diffs[worst] < 1e-4, (worst, diffs[worst])
