@@ -42,7 +42,7 @@ class Placement:
     """The topology of one RL run (pure data: computed, compared, logged; ``reserve`` makes it real).
 
     trainer_gpus: each policy (and reference) rank's share of a GPU; 0 = on the CPU.
-    engine_gpus: the rollout actor's share of a GPU; 0 = on the CPU.
+    engine_gpus: the rollout actor's share of a GPU (disaggregated: its engine's TP x DP GPUs); 0 = on the CPU.
     bundles: the placement group's bundles, () for none; ``strategy`` how Ray places them.
     trainer_bundles: the bundle of each trainer rank (rank i -> ``trainer_bundles[i]``), () without a group.
     engine_bundle: the rollout actor's bundle, None without a group.

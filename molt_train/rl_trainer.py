@@ -88,11 +88,11 @@ class RLTrainer:
             self.placement.weight_sync == "nccl" and not self.replay
         ):  # trainer rank 0 + every worker of the engine (TP x DP of them): the weight-sync group
             host, port = ray.get(self.policy.workers[0].node_endpoint.remote())
-            senders = 1 + cfg.vllm.gpus_per_engine
+            world = 1 + cfg.vllm.gpus_per_engine
             ray.get(
                 [
-                    self.policy.workers[0].init_weight_sender.remote(host, port, senders, cfg.vllm.bucket_bytes),
-                    self.rollout.init_weight_group.remote(host, port, senders),
+                    self.policy.workers[0].init_weight_sender.remote(host, port, world, cfg.vllm.bucket_bytes),
+                    self.rollout.init_weight_group.remote(host, port, world),
                 ]
             )
         self.reference = None
