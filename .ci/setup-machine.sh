@@ -66,3 +66,8 @@ fi
 if [ ! -x /usr/bin/chromium ]; then
   apt_install chromium || echo "setup-machine: Chromium is missing and could not be installed (as root: apt-get install chromium)" >&2
 fi
+
+# --- iproute2: the multi-node Ray test joins two network namespaces with a veth pair (`ip netns`) ---
+if ! have ip; then
+  apt_install iproute2 || echo "setup-machine: ip (iproute2) is missing and could not be installed; the multi-node test will fail" >&2
+fi

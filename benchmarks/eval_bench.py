@@ -9,7 +9,12 @@ is the real ``evaluate()`` with ``EndpointPolicy`` on ``molt/arith-v1`` (grading
 ``asyncio.Semaphore`` for the concurrency. The two alternate, ``--repeats`` times per level; the table keeps each
 side's best run. Overhead ratio = plain samples/s / eval samples/s (goal <= 1.1).
 
-    .venv/bin/python benchmarks/eval_bench.py [--levels 1 16 64] [--samples 128] [--repeats 2]
+``molt/arith-v1`` is single-turn, so ``molt-env eval`` would send a prompt's 4 samples as one request with ``n=4``;
+by default the eval side is held to one request per sample (``EndpointPolicy(use_n=False)``) so both sides make the
+same requests. ``--use-n`` measures the ``n`` design instead: the eval with one request with ``n`` per prompt, and the
+plain loop making that same request (one session, one completion with ``n=4``, one delete per prompt).
+
+    .venv/bin/python benchmarks/eval_bench.py [--levels 1 16 64] [--samples 128] [--repeats 2] [--use-n]
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ def serve(model: Path) -> tuple[str, subprocess.Popen]:
     raise RuntimeError("molt-train serve exited before serving")
 
 
-async def plain_loop(url: str, tasks, settings, concurrency: int) -> float:
+async def plain_loop(url: str, tasks, settings, concurrency: int, use_n: bool = False) -> float:
     """The same requests as the eval's, with nothing around them; returns the wall seconds."""
     import httpx
     from openai import AsyncOpenAI
@@ -58,7 +63,7 @@ async def plain_loop(url: str, tasks, settings, concurrency: int) -> float:
     from env_registry.evaluation.tasks import sample_seed
 
     task = tasks[0]
-    jobs = [(p, s) for p in range(len(task.rows)) for s in range(settings.n)]
+    jobs = [(p, s) for p in range(len(task.rows)) for s in ([0] if use_n else range(settings.n))]
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
     async with (
@@ -79,6 +84,7 @@ async def plain_loop(url: str, tasks, settings, concurrency: int) -> float:
                     top_p=settings.top_p,
                     max_tokens=settings.max_new_tokens,
                     seed=seed,
+                    **({"n": settings.n} if use_n else {}),
                 )
                 await http.delete(f"/sessions/{session['session_id']}")
 
@@ -87,13 +93,13 @@ async def plain_loop(url: str, tasks, settings, concurrency: int) -> float:
         return time.perf_counter() - start
 
 
-async def eval_run(url: str, tasks, settings) -> float:
+async def eval_run(url: str, tasks, settings, use_n: bool = False) -> float:
     from env_registry.evaluation import evaluate
     from env_registry.evaluation.endpoint import EndpointPolicy
 
     with tempfile.TemporaryDirectory(prefix="eval-bench-") as out:
         start = time.perf_counter()
-        summary = await evaluate(tasks, EndpointPolicy(f"{url}/v1", "policy"), settings, out)
+        summary = await evaluate(tasks, EndpointPolicy(f"{url}/v1", "policy", use_n=use_n), settings, out)
         wall = time.perf_counter() - start
     if summary["failures"]:
         raise RuntimeError(f"the eval had failures: {summary['failures']}")
@@ -106,6 +112,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=128, help="samples per run (prompts x 4)")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=8)
+    parser.add_argument("--use-n", action="store_true", help="both sides: one request with n per prompt")
     args = parser.parse_args()
 
     from env_registry.evaluation import EvalSettings, load_tasks
@@ -118,11 +125,11 @@ def main() -> None:
             rows = []
             for level in args.levels:
                 settings = EvalSettings(n=4, max_new_tokens=args.max_new_tokens, concurrency=level, temperature=1.0)
-                asyncio.run(plain_loop(url, tasks, settings, level))  # warm-up: connections, first calls
+                asyncio.run(plain_loop(url, tasks, settings, level, args.use_n))  # warm-up: connections, first calls
                 plain, evals = [], []
                 for _ in range(args.repeats):
-                    plain.append(asyncio.run(plain_loop(url, tasks, settings, level)))
-                    evals.append(asyncio.run(eval_run(url, tasks, settings)))
+                    plain.append(asyncio.run(plain_loop(url, tasks, settings, level, args.use_n)))
+                    evals.append(asyncio.run(eval_run(url, tasks, settings, args.use_n)))
                 n = len(tasks[0].rows) * settings.n
                 row = (level, n, n / min(plain), n / min(evals), min(evals) / min(plain))
                 rows.append(row)

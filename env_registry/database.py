@@ -26,7 +26,7 @@ from env_registry.errors import Error
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 LEGACY_REVISION = "0001"  # the schema every registry.db had before migrations existed
-HEAD_REVISION = "0002"  # the newest migration (a test checks it is alembic's head): opening a registry at head
+HEAD_REVISION = "0003"  # the newest migration (a test checks it is alembic's head): opening a registry at head
 # costs one query, and no import of alembic
 WRITE_LOCK_KEY = 0x6D6F6C74  # "molt": the PostgreSQL advisory lock every registry writer takes
 
@@ -57,6 +57,8 @@ releases = sa.Table(
     sa.Column("downloads", sa.Integer, nullable=False, server_default="0"),  # wheel downloads
     sa.Column("validation_status", sa.Text),  # NULL: not validated; the publish gate will set pending/passed/failed
     sa.Column("validation_report", sa.Text),  # JSON
+    sa.Column("validation_claim", sa.Text),  # the publish gate validating it (validation_states.claim_validation)
+    sa.Column("validation_claimed", sa.Float),  # when that gate last renewed its claim
 )
 files = sa.Table(
     "files",

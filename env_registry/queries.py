@@ -24,8 +24,10 @@ INDEX_LINKS = (
 )
 
 
-# what a release row is read with everywhere; the README and the validation report are read only where shown
-RELEASE_COLUMNS = [c for c in releases.c if c.name not in ("readme", "readme_type", "validation_report")]
+# what a release row is read with everywhere; the README and the validation report are read only where shown, the
+# publish gate's claim only by the gate
+HIDDEN = ("readme", "readme_type", "validation_report", "validation_claim", "validation_claimed")
+RELEASE_COLUMNS = [c for c in releases.c if c.name not in HIDDEN]
 ONE = sa.bindparam("name")
 PACKAGE_ROWS = {True: sa.select(packages).where(packages.c.name == ONE), False: sa.select(packages)}
 RELEASE_ROWS = {

@@ -5,11 +5,17 @@ A release uploaded to a server started with ``--validate`` is stored ``pending``
 release's ``validation_status`` / ``validation_report`` columns. ``pending`` and ``failed`` releases are held back:
 an unpinned env ID never resolves to them, an exact pin is refused with the reason, and the simple index does not
 list their files. A release with no status (published without the gate) is not held back.
+
+Several gates may share one database (server replicas, each started with ``--validate``): a gate validates a pending
+release only after ``claim_validation`` won it (an ``UPDATE ... WHERE validation_status = 'pending'`` that only an
+unclaimed, expired or own claim matches, so exactly one gate wins), renews its claim while it works, and stores its
+verdict only while the claim is still its own. A claim not renewed for ``lease_s`` (its gate died) is taken over.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -46,7 +52,44 @@ class ValidationStates:
             f"{where}: fix the package and publish a new version"
         )
 
-    def set_validation(self, package: str, version: str, status: str, report: dict[str, Any]) -> None:
+    def claim_validation(
+        self, package: str, version: str, claimant: str, lease_s: float, now: float | None = None
+    ) -> bool:
+        """Claim (or renew the claim on) a pending release for one gate.
+
+        Args:
+            package: the package name.
+            version: its version.
+            claimant: the gate's id (unique per gate process).
+            lease_s: a claim not renewed for this long is another gate's to take.
+            now: the time of the claim (default: now).
+
+        Returns:
+            True if the release is pending and now claimed by ``claimant``; False if it is decided, or another
+            gate's claim on it is live.
+        """
+        now = time.time() if now is None else now
+        c = releases.c
+        with database.write(self.engine, exclusive=False) as db:
+            claimed = db.execute(
+                releases.update()
+                .where(
+                    c.package == package,
+                    c.version == version,
+                    c.validation_status == PENDING,
+                    sa.or_(
+                        c.validation_claim.is_(None),
+                        c.validation_claim == claimant,
+                        c.validation_claimed < now - lease_s,
+                    ),
+                )
+                .values(validation_claim=claimant, validation_claimed=now)
+            )
+        return claimed.rowcount == 1
+
+    def set_validation(
+        self, package: str, version: str, status: str, report: dict[str, Any], claimant: str | None = None
+    ) -> bool:
         """Store the gate's verdict on a release.
 
         Args:
@@ -54,6 +97,11 @@ class ValidationStates:
             version: its version.
             status: ``passed`` or ``failed``.
             report: the ``ValidationReport.to_json()`` to serve.
+            claimant: the gate storing it: the verdict is stored only while the release is pending and claimed by
+                it (None: unconditionally).
+
+        Returns:
+            Whether the verdict was stored.
 
         Raises:
             NotFound: no such release.
@@ -62,12 +110,15 @@ class ValidationStates:
         if status not in (PASSED, FAILED):
             raise Error(f"a validation status is {PASSED!r} or {FAILED!r}, not {status!r}")
         info = self.release(package, version)
+        c = releases.c
+        mine = [] if claimant is None else [c.validation_status == PENDING, c.validation_claim == claimant]
         with database.write(self.engine, exclusive=False) as db:
-            db.execute(
+            stored = db.execute(
                 releases.update()
-                .where(releases.c.package == info.package, releases.c.version == info.version)
-                .values(validation_status=status, validation_report=json.dumps(report))
+                .where(c.package == info.package, c.version == info.version, *mine)
+                .values(validation_status=status, validation_report=json.dumps(report), validation_claim=None)
             )
+        return stored.rowcount == 1
 
     def pending_validations(self) -> list[ReleaseInfo]:
         """The releases the gate has not decided yet, oldest upload first."""

@@ -420,7 +420,10 @@ class SessionServer:
             raw = await self._read(request)
             started = time.perf_counter()  # the server's own time starts once the client has sent the body
             call = wire.decode(_json_object(raw), session)
-            reply = await session.turn(call.request)
+            replies = await session.turn_choices(call.request)
+            reply = replies[0]
+            if len(replies) > 1:
+                call.options["choices"] = replies
         except _Problem as exc:
             return JSONResponse(wire.error(str(exc), exc.status), status_code=exc.status)
         except BadRequest as exc:

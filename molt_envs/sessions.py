@@ -63,10 +63,13 @@ class ChatRequest:
     tools: list[dict[str, Any]] | None  # OpenAI function tools
     overrides: dict[str, Any] = field(default_factory=dict)  # SamplingParams fields set by this request
     parse_tools: bool = True  # False when the caller asked for no tool use (tool_choice "none")
+    n: int = 1  # choices to sample (the OpenAI wire's ``n``), each from its own seed
 
     def key(self) -> str:
         """The request's identity: an identical request after it is a client's retry, answered by replay."""
-        return json.dumps([self.messages, self.tools, self.overrides, self.parse_tools], sort_keys=True, default=str)
+        return json.dumps(
+            [self.messages, self.tools, self.overrides, self.parse_tools, self.n], sort_keys=True, default=str
+        )
 
 
 @dataclass
@@ -261,13 +264,13 @@ class Session:
         self._seen: str = ""  # its rendering, which the current segment's ids encode
         self._stop_text: str | None = None  # the stop token that ended the last action, if one did
         self._last_key: str | None = None
-        self._last_reply: Reply | None = None
+        self._last_replies: list[Reply] = []  # the last call's choices (a retry replays them)
 
     async def turn(self, request: ChatRequest) -> Reply:
         """Generate the reply to one request and record it (calls of one session run one at a time).
 
         Args:
-            request: the decoded request.
+            request: the decoded request (``n`` 1; ``turn_choices`` samples several).
 
         Returns:
             The reply; an empty ``"length"`` reply when the budget has no room left (nothing is generated then).
@@ -276,8 +279,31 @@ class Session:
             BadRequest: for an empty conversation, bad sampling overrides, a template refusal or untokenizable text.
             SessionClosed: if the session was closed while this call generated (nothing is recorded).
         """
+        return (await self.turn_choices(request))[0]
+
+    async def turn_choices(self, request: ChatRequest) -> list[Reply]:
+        """Generate ``request.n`` replies to one request (the OpenAI wire's ``n``) and record each.
+
+        The choices are ``n`` concurrent ``Engine.generate`` calls over the same prompt ids, which the engine
+        batches (the hf engine prefills the shared prompt once). Choice ``i`` samples with seed ``seed + i`` when
+        the request has a seed. With ``n`` > 1 each choice is recorded as a segment of its own (a copy of the
+        segment the request continues, extended by that choice); choice 0's segment comes last, and the
+        conversation continues from choice 0.
+
+        Args:
+            request: the decoded request.
+
+        Returns:
+            The replies, in choice order; one empty ``"length"`` reply per choice when the budget has no room left.
+
+        Raises:
+            BadRequest: as ``turn``.
+            SessionClosed: as ``turn``.
+        """
         if not request.messages:
             raise BadRequest("messages is empty; send at least one message")
+        if not isinstance(request.n, int) or request.n < 1:
+            raise BadRequest(f"n must be a positive integer, got {request.n!r}")
         try:
             params = self.params.updated(**request.overrides)
         except ValueError as exc:
@@ -285,8 +311,8 @@ class Session:
         key = request.key()
         self.last_used = time.monotonic()
         async with self.lock:
-            if key == self._last_key and self._last_reply is not None:
-                return replace(self._last_reply, engine_s=0.0)  # a retry: replay, record nothing
+            if key == self._last_key and self._last_replies:
+                return [replace(r, engine_s=0.0) for r in self._last_replies]  # a retry: replay, record nothing
             try:
                 plan = await self._tokenizer_work(len(key), self._plan, request)
             except (TypeError, UnicodeEncodeError) as exc:  # what tokenizers raise on text they cannot encode
@@ -304,34 +330,44 @@ class Session:
                 self.refused += 1
                 if not plan.new_segment:
                     self.segments[-1].truncated = True
-                return Reply("", "", [], "length", context, 0)
+                return [Reply("", "", [], "length", context, 0) for _ in range(request.n)]
             prompt_ids = plan.ids if plan.new_segment else self.segments[-1].token_ids + plan.ids
             mm = (
                 plan.mm
                 if plan.new_segment or self.segments[-1].mm_inputs is None
                 else self.segments[-1].mm_inputs + plan.mm
             )
+            base = params.updated(max_tokens=budget)
+            choices = [
+                base if i == 0 or base.seed is None else base.updated(seed=(base.seed + i) % 2**63)
+                for i in range(request.n)
+            ]
             started = time.perf_counter()
-            gen = await self.engine.generate(prompt_ids, params.updated(max_tokens=budget), mm)
+            gens = await asyncio.gather(*(self.engine.generate(prompt_ids, p, mm) for p in choices))
             engine_s = time.perf_counter() - started
-            if len(gen.token_ids) != len(gen.log_probs):
-                raise RuntimeError(f"engine returned {len(gen.token_ids)} tokens but {len(gen.log_probs)} log-probs")
-            stopped = gen.finish_reason == "stop" and bool(gen.token_ids)
-            text_ids = gen.token_ids[:-1] if stopped else gen.token_ids
-            text, stop_text = await self._tokenizer_work(
-                4 * len(text_ids), _decode_action, self.template, text_ids, gen.token_ids[-1] if stopped else None
-            )
-            content, calls = parse_tool_calls(text) if request.tools and request.parse_tools else (text, [])
-            finish = "length" if gen.finish_reason == "length" else "tool_calls" if calls else "stop"
-            reply = Reply(text, content, calls, finish, len(prompt_ids), len(gen.token_ids), engine_s)
+            replies, stops = [], []
+            for gen in gens:
+                if len(gen.token_ids) != len(gen.log_probs):
+                    raise RuntimeError(
+                        f"engine returned {len(gen.token_ids)} tokens but {len(gen.log_probs)} log-probs"
+                    )
+                stopped = gen.finish_reason == "stop" and bool(gen.token_ids)
+                text_ids = gen.token_ids[:-1] if stopped else gen.token_ids
+                text, stop_text = await self._tokenizer_work(
+                    4 * len(text_ids), _decode_action, self.template, text_ids, gen.token_ids[-1] if stopped else None
+                )
+                content, calls = parse_tool_calls(text) if request.tools and request.parse_tools else (text, [])
+                finish = "length" if gen.finish_reason == "length" else "tool_calls" if calls else "stop"
+                replies.append(Reply(text, content, calls, finish, len(prompt_ids), len(gen.token_ids), engine_s))
+                stops.append(stop_text)
             if self.closed:  # the trajectory was handed over meanwhile: it must not change any more
                 raise SessionClosed(
                     f"session {self.session_id} was closed while this call generated; nothing was recorded"
                 )
-            self._commit(request, plan, gen, stop_text, mm)
-            self._last_key, self._last_reply = key, reply
+            self._commit(request, plan, gens, stops, mm)
+            self._last_key, self._last_replies = key, replies
             self.last_used = time.monotonic()
-            return reply
+            return replies
 
     async def _tokenizer_work(self, size: int, fn: Any, *args: Any) -> Any:
         return fn(*args) if size <= self.inline_max_chars else await off_loop(fn, *args)
@@ -352,23 +388,43 @@ class Session:
         return _Plan(True, ids, full, mm)
 
     def _commit(
-        self, request: ChatRequest, plan: _Plan, gen: Any, stop_text: str | None, mm: VisionInputs | None
+        self, request: ChatRequest, plan: _Plan, gens: list[Any], stops: list[str | None], mm: VisionInputs | None
     ) -> None:
+        """Record each choice's action: choice 0 on the segment the request opens or continues, any other choice on
+        a copy of that segment (before it: the conversation goes on from choice 0's segment, the last one)."""
         if plan.new_segment:
             segment = Trajectory(rollout_id=self.rollout_id, prompt=self.prompt, label=self.label)
             segment.append_observation(plan.ids)
             segment.prompt_len = len(plan.ids)
-            self.segments.append(segment)
         else:
-            segment = self.segments[-1]
+            segment = self.segments.pop()
             segment.append_observation(plan.ids)
-        segment.append_action(list(gen.token_ids), list(gen.log_probs), gen.finish_reason)
-        if mm is not None:
-            segment.mm_inputs, segment.images = mm, list(mm.images)
-        segment.truncated |= gen.finish_reason == "length"
-        segment.num_turns += 1
+        branches = [  # copies whose lists are their own
+            replace(
+                segment,
+                token_ids=list(segment.token_ids),
+                action_ranges=list(segment.action_ranges),
+                log_probs=list(segment.log_probs),
+                finish_reasons=list(segment.finish_reasons),
+                info=dict(segment.info),
+                images=list(segment.images),
+            )
+            for _ in gens[1:]
+        ]
+        for seg, gen in zip([*branches, segment], [*gens[1:], gens[0]], strict=True):
+            seg.append_action(list(gen.token_ids), list(gen.log_probs), gen.finish_reason)
+            if mm is not None:
+                seg.mm_inputs, seg.images = mm, list(mm.images)
+            seg.truncated |= gen.finish_reason == "length"
+            seg.num_turns += 1
+        self.segments += [*branches, segment]
         self._history, self._tools = list(request.messages), request.tools
-        self._seen, self._stop_text = plan.rendered, stop_text
+        self._seen, self._stop_text = plan.rendered, stops[0]
+
+    @property
+    def _last_reply(self) -> Reply | None:
+        """The reply the conversation continues from (choice 0 of the last call)."""
+        return self._last_replies[0] if self._last_replies else None
 
 
 def images_of(messages: list[dict[str, Any]]) -> list[Any]:

@@ -2,8 +2,9 @@
 
 Honoured: ``messages`` (text content, and ``image_url`` parts in user messages as base64 ``data:`` URIs when the model
 reads images: a remote URL is a 400, the server fetches nothing; ``tool_calls``, ``tool`` results), ``tools``, ``tool_choice`` ("none" turns
-parsing off), ``max_completion_tokens``/``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``n`` (1),
-``stream``, ``stream_options.include_usage``. Other fields (``stop`` strings, ``logprobs``, ...) are accepted and
+parsing off), ``max_completion_tokens``/``max_tokens``, ``temperature``, ``top_p``, ``top_k``, ``seed``, ``n`` (up to ``MAX_N``
+choices, sampled by concurrent engine calls the engine batches; choice ``i`` from seed ``seed + i``; each choice
+carries its own ``usage``, a molt extension, next to the request's summed ``usage``), ``stream``, ``stream_options.include_usage``. Other fields (``stop`` strings, ``logprobs``, ...) are accepted and
 ignored: generation stops on tokens, and capture records log-probs anyway. Unset sampling fields take the session's
 ``SamplingParams``.
 """
@@ -19,6 +20,7 @@ from molt_envs.request_fields import content_of, data_uri, optional, optional_st
 from molt_envs.sessions import BadRequest, ChatRequest, Reply, Session, WireCall
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
+MAX_N = 128
 
 
 def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
@@ -32,7 +34,7 @@ def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
         The decoded call; ``options["include_usage"]`` from ``stream_options``.
 
     Raises:
-        BadRequest: naming the malformed field (messages, tools, ``n`` other than 1, sampling fields).
+        BadRequest: naming the malformed field (messages, tools, ``n`` outside ``1..MAX_N``, sampling fields).
     """
     raw = body.get("messages")
     if not isinstance(raw, list) or not raw:
@@ -50,12 +52,9 @@ def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
             raise BadRequest(
                 f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}"
             )
-    if optional(body, "n", int, "1") not in (None, 1):
-        raise BadRequest(
-            f"n must be 1 (one choice per call), got {body['n']}; for several samples of one "
-            "conversation open a session per sample (a session answers a repeated identical request "
-            "with its last reply, as it does an SDK's retry)"
-        )
+    n = optional(body, "n", int, f"an integer in 1..{MAX_N}")
+    if n is not None and not 1 <= n <= MAX_N:
+        raise BadRequest(f"n must be an integer in 1..{MAX_N} (choices per call), got {n}")
     stream = bool(optional(body, "stream", bool, "a boolean"))
     options = optional(body, "stream_options", dict, "an object") or {}
     request = ChatRequest(
@@ -63,6 +62,7 @@ def decode(body: dict[str, Any], session: Session | None = None) -> WireCall:
         tools or None,
         sampling_overrides(body, ("max_completion_tokens", "max_tokens")),
         parse_tools=body.get("tool_choice") != "none",
+        n=n or 1,
     )
     return WireCall(request, stream, {"include_usage": bool(options.get("include_usage"))})
 
@@ -132,28 +132,49 @@ def _usage(reply: Reply) -> dict[str, int]:
     }
 
 
+def _choices(reply: Reply, call: WireCall | None) -> list[Reply]:
+    """Every choice of the call (``options["choices"]``, set by the server for ``n`` > 1), else ``reply``."""
+    return (call.options.get("choices") if call is not None else None) or [reply]
+
+
+def _summed_usage(replies: list[Reply]) -> dict[str, int]:
+    """OpenAI's ``usage`` of an ``n``-choice call: the prompt once, the completions summed."""
+    completion = sum(r.completion_tokens for r in replies)
+    prompt = replies[0].prompt_tokens
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
 def encode(reply: Reply, model: str, call: WireCall | None = None, session: Session | None = None) -> dict[str, Any]:
     """A reply as a ``chat.completion`` object.
 
     Args:
-        reply: the session's reply.
+        reply: the session's reply (choice 0).
         model: the model name to carry.
-        call, session: unused (the wires share one signature).
+        call: the decoded call; its ``options["choices"]`` holds every choice of an ``n`` > 1 call.
+        session: unused (the wires share one signature).
 
     Returns:
-        The JSON object: one choice (content, ``tool_calls``, finish reason) and ``usage``.
+        The JSON object: the choices (content, ``tool_calls``, finish reason, and with ``n`` > 1 each choice's own
+        ``usage``) and ``usage`` (summed over the choices).
     """
-    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-    if reply.tool_calls:
-        message["content"] = reply.content or None
-        message["tool_calls"] = _tool_calls(reply)
+    replies = _choices(reply, call)
+    choices = []
+    for i, r in enumerate(replies):
+        message: dict[str, Any] = {"role": "assistant", "content": r.content}
+        if r.tool_calls:
+            message["content"] = r.content or None
+            message["tool_calls"] = _tool_calls(r)
+        choice = {"index": i, "message": message, "finish_reason": r.finish_reason, "logprobs": None}
+        if len(replies) > 1:
+            choice["usage"] = _usage(r)
+        choices.append(choice)
     return {
         "id": f"chatcmpl-{reply.id}",
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": reply.finish_reason, "logprobs": None}],
-        "usage": _usage(reply),
+        "choices": choices,
+        "usage": _summed_usage(replies),
     }
 
 
@@ -166,9 +187,10 @@ def encode_stream(reply: Reply, model: str, call: WireCall, session: Session | N
         session: unused.
 
     Returns:
-        The events: role, content, tool calls, finish reason, [usage], ``[DONE]``.
+        The events, per choice (``index``): role, content, tool calls, finish reason; then [usage], ``[DONE]``.
     """
     include_usage = call.options.get("include_usage", False)
+    replies = _choices(reply, call)
     head = {
         "id": f"chatcmpl-{reply.id}",
         "object": "chat.completion.chunk",
@@ -176,17 +198,19 @@ def encode_stream(reply: Reply, model: str, call: WireCall, session: Session | N
         "model": model,
     }
 
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> str:
-        return _event({**head, "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]})
+    def chunk(index: int, delta: dict[str, Any], finish: str | None = None) -> str:
+        choice = {"index": index, "delta": delta, "finish_reason": finish, "logprobs": None}
+        return _event({**head, "choices": [choice]})
 
-    yield chunk({"role": "assistant", "content": ""})
-    if reply.content:
-        yield chunk({"content": reply.content})
-    for i, call in enumerate(_tool_calls(reply)):
-        yield chunk({"tool_calls": [{"index": i, **call}]})
-    yield chunk({}, reply.finish_reason)
+    for index, r in enumerate(replies):
+        yield chunk(index, {"role": "assistant", "content": ""})
+        if r.content:
+            yield chunk(index, {"content": r.content})
+        for i, tool_call in enumerate(_tool_calls(r)):
+            yield chunk(index, {"tool_calls": [{"index": i, **tool_call}]})
+        yield chunk(index, {}, r.finish_reason)
     if include_usage:
-        yield _event({**head, "choices": [], "usage": _usage(reply)})
+        yield _event({**head, "choices": [], "usage": _summed_usage(replies)})
     yield "data: [DONE]\n\n"
 
 

@@ -1,5 +1,6 @@
 """Checkpoints: ``<output_dir>/checkpoints/step_N/`` holds ``hf/`` (safetensors + tokenizer, loadable by
-``AutoModelForCausalLM``), ``trainer_state.pt`` (optimizer, scheduler, RNG) and ``state.json`` (step, data position).
+``AutoModelForCausalLM``), ``trainer_state.pt`` (optimizer, scheduler, RNG), ``state.json`` (step, data position),
+``adapter/`` for a LoRA run and ``_critic/`` for a PPO (gae) run.
 
 Everything is written into a temporary directory and renamed into place, and ``latest`` is replaced atomically
 last, so a run killed at any instant leaves either the previous checkpoint or the new one, never half of one.
@@ -22,14 +23,23 @@ def checkpoints_dir(output_dir: str | Path) -> Path:
 
 
 def save(
-    group: WorkerGroup, output_dir: str | Path, step: int, tokenizer_path: str, state: dict[str, Any], max_num: int
+    group: WorkerGroup,
+    output_dir: str | Path,
+    step: int,
+    tokenizer_path: str,
+    state: dict[str, Any],
+    max_num: int,
+    critic: WorkerGroup | None = None,
 ) -> Path:
+    """``step_N``: the policy's hf/ and state, and with a ``critic`` group its ``_critic/`` (weights, optimizer)."""
     root = checkpoints_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-step_{step}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     group.call("save", directory=str(tmp), tokenizer_path=tokenizer_path)
+    if critic is not None:
+        critic.call("save", directory=str(tmp))
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     final = root / f"step_{step}"
     shutil.rmtree(final, ignore_errors=True)
@@ -54,21 +64,24 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
 
 
 def export_hf(group: WorkerGroup, output_dir: str | Path, tokenizer_path: str) -> Path:
-    """Write the current weights to ``<output_dir>/hf`` atomically (model + tokenizer only)."""
+    """Write the current weights to ``<output_dir>/hf`` atomically (model + tokenizer only; a LoRA run also writes
+    its PEFT adapter directory to ``<output_dir>/adapter``)."""
     out = Path(output_dir)
     tmp = out / ".tmp-export"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     group.call("save", directory=str(tmp), tokenizer_path=tokenizer_path, with_state=False)
-    final = out / "hf"
-    old = out / ".old-hf"
-    shutil.rmtree(old, ignore_errors=True)
-    if final.exists():
-        os.rename(final, old)
-    os.rename(tmp / "hf", final)
-    shutil.rmtree(old, ignore_errors=True)
+    for name in ("hf", "adapter"):
+        if not (tmp / name).exists():
+            continue
+        final, old = out / name, out / f".old-{name}"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.rename(final, old)
+        os.rename(tmp / name, final)
+        shutil.rmtree(old, ignore_errors=True)
     shutil.rmtree(tmp, ignore_errors=True)
-    return final
+    return out / "hf"
 
 
 def keep_hf(checkpoint: Path, output_dir: str | Path, step: int) -> Path:

@@ -7,13 +7,16 @@ configs (``RLConfig``, ``SFTConfig``, ``EvalCommandConfig``) hold the groups the
 the dependent defaults and refuses combinations that would silently train the wrong thing, with a ``ConfigError``
 naming the flags. ``parse(command, argv)`` is the command line's way in (a refused value exits with status 2).
 
-To add a flag: a field in its group. To add a group (``--critic.*``): a frozen dataclass here, a ``group(...)``
-field in the command configs that read it, its cross-flag rules in that command's ``_validate``.
+The algorithm's groups and rules live in ``algo_config.py`` (``validate_algo``), the vllm engine's in
+``engine_config.py`` (``validate_engine``); both are re-exported here. To add a flag: a field in its group. To add a
+group: a frozen dataclass, a ``group(...)`` field in the command configs that read it, its cross-flag rules called
+from that command's ``_validate``.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,17 +24,42 @@ from typing import Any
 
 from molt_train import flags
 from molt_train.actor_backend import AUTOMODEL_INSTALL_HINT, BACKENDS
-from molt_train.algorithms import ESTIMATORS, IS_LEVELS, IS_MODES, KL_ESTIMATORS, LOSS_AGG_MODES, POLICY_LOSSES
+from molt_train.algo_config import (
+    AdamConfig,
+    AdvantageConfig,
+    AlgoConfig,
+    CriticConfig,
+    KLConfig,
+    RewardConfig,
+    algo_defaults,
+    validate_algo,
+)
+from molt_train.algorithms import LOSS_AGG_MODES, POLICY_LOSSES
 from molt_train.data import check_env_mix
+from molt_train.engine_config import VLLMConfig, validate_engine
 from molt_train.engines.vllm import VLLM_INSTALL_HINT
-from molt_train.engines.weight_buckets import BUCKET_BYTES
 from molt_train.flags import ConfigError, group, option
 from molt_train.parallel import FSDPConfig, check_fsdp
 
-__all__ = ["COMMANDS", "ConfigError", "EvalCommandConfig", "RLConfig", "SFTConfig", "parse"]
+__all__ = [
+    "COMMANDS",
+    "AdamConfig",
+    "AdvantageConfig",
+    "AlgoConfig",
+    "ConfigError",
+    "CriticConfig",
+    "EvalCommandConfig",
+    "KLConfig",
+    "ModelConfig",
+    "RLConfig",
+    "RewardConfig",
+    "SFTConfig",
+    "VLLMConfig",
+    "parse",
+]
 
 RL = ("rl",)  # the commands that read a field (default: every command with its group)
-GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "grpo", "dr_grpo")
+LORA_FIELDS = ("lora_dim", "lora_alpha", "lora_target_modules")
 
 
 # -- the flag groups --
@@ -59,16 +87,11 @@ class ModelConfig:
     num_heads: int = option(4, "tiny model attention heads", minimum=1)
     intermediate_size: int = option(0, "tiny model MLP width (0 = 4 x hidden_size)", minimum=0)
     vocab_size: int = option(512, "tiny tokenizer vocabulary (byte-level BPE, one token per digit)", minimum=1)
-
-
-@dataclass(frozen=True)
-class AdamConfig:
-    """AdamW of the policy."""
-
-    lr: float = option(1e-6, "AdamW learning rate", minimum=0)
-    betas: tuple[float, float] = option((0.9, 0.95), "AdamW betas")
-    eps: float = option(1e-8, "AdamW eps", minimum=0)
-    weight_decay: float = option(0.0, "AdamW weight decay", minimum=0)
+    lora_dim: int = option(0, "LoRA rank: train PEFT adapters only (0 = full fine-tuning)", minimum=0)
+    lora_alpha: float = option(16.0, "LoRA scale numerator (the adapter is scaled by alpha / rank)", minimum=0)
+    lora_target_modules: tuple[str, ...] = option(
+        (), "LoRA targets: globs over full module names, e.g. '*.q_proj' '*.v_proj' (default: every linear layer)"
+    )
 
 
 @dataclass(frozen=True)
@@ -165,94 +188,12 @@ class RolloutConfig:
     top_k: int = option(-1, "top-k sampling (-1 = off)", commands=RL)
     timeout_s: float = option(600.0, "an episode running longer is dropped as 'timeout'", minimum=0)
     max_batch_size: int = option(256, "sequences the hf engine decodes together", minimum=1)
-
-
-@dataclass(frozen=True)
-class AdvantageConfig:
-    """Rewards -> advantages, and the IS correction of the train/rollout mismatch."""
-
-    estimator: str = option("reinforce", "advantage estimator", choices=ESTIMATORS)
-    gamma: float = option(1.0, "discount (reinforce)")
-    no_whiten: bool = option(False, "skip advantage whitening")
-    is_correction_level: str = option("off", "IS correction granularity", choices=IS_LEVELS)
-    is_correction_mode: str = option("mask", "what happens outside the band", choices=IS_MODES)
-    is_correction_threshold: tuple[float, ...] = option((0.5, 5.0), "[LOW] HIGH band on the IS ratio")
-
-
-@dataclass(frozen=True)
-class KLConfig:
-    """A KL penalty to the rollout policy or to a frozen reference."""
-
-    init_coef: float = option(0.0, "KL coefficient beta (0 = no KL)", minimum=0)
-    estimator: str = option("k1", "KL estimator", choices=KL_ESTIMATORS)
-    use_loss: bool = option(False, "KL as a loss term instead of a per-token reward")
-    ref: str = option(
-        "rollout",
-        "KL reference: rollout (the sampler's log-probs) | model (a frozen reference)",
-        choices=("rollout", "model"),
-    )
-
-
-@dataclass(frozen=True)
-class AlgoConfig:
-    """The RL algorithm: advantages, KL, dynamic filtering."""
-
-    advantage: AdvantageConfig = group(AdvantageConfig)
-    kl: KLConfig = group(KLConfig)
-    dynamic_filtering_enable: bool = option(False, "drop prompt groups whose mean score is outside the range")
-    dynamic_filtering_range: tuple[float, float] = option((0.0, 1.0), "keep groups with LOW < mean score < HIGH")
-
-
-@dataclass(frozen=True)
-class RewardConfig:
-    """Reward shaping before the estimator: a length penalty (at most one), then clipping."""
-
-    clip_range: tuple[float, float] = option((-10.0, 10.0), "clip rewards to this range")
-    overlong_buffer_len: int = option(
-        0, "DAPO overlong penalty over the last N tokens of --data.max_len (0 = off)", minimum=0
-    )
-    overlong_penalty_factor: float = option(1.0, "maximum overlong penalty", minimum=0)
-    stop_properly_penalty_coef: float | None = option(None, "truncated rollouts: reward*C (C in [0,1]) or C (C < 0)")
-
-
-@dataclass(frozen=True)
-class VLLMConfig:
-    """The vLLM rollout engine (``--rollout.engine vllm``)."""
-
-    num_engines: int = option(
+    num_workers: int = option(
         1,
-        "vLLM engines; with --train.colocate_all all share the one GPU (requests go to the least busy, "
-        "gpu_memory_utilization is split between them)",
+        "rollout actors (hf engine + runner each) spread over the nodes; they split each batch",
         minimum=1,
+        commands=RL,
     )
-    tensor_parallel_size: int = option(
-        1, "tensor-parallel GPUs per vLLM engine (its weights split over them)", minimum=1
-    )
-    data_parallel_size: int = option(
-        1, "data-parallel replicas inside the vLLM engine (single node), each on tensor_parallel_size GPUs", minimum=1
-    )
-    enable_expert_parallel: bool = option(
-        False, "MoE: split the experts over the engine's tensor_parallel_size x data_parallel_size GPUs (EP = TP x DP)"
-    )
-    gpu_memory_utilization: float = option(0.35, "fraction of GPU memory vLLM takes (weights + KV cache)")
-    enforce_eager: bool = option(False, "no CUDA graphs / torch.compile (faster start, slower decode)")
-    enable_prefix_caching: bool = option(False, "reuse KV of shared prefixes (reset at every weight sync)")
-    max_num_batched_tokens: int | None = option(None, "scheduler token budget per step", minimum=1)
-    max_num_seqs: int | None = option(None, "sequences decoded together at most", minimum=1)
-    max_model_len: int | None = option(None, "context length the engine allocates for (default: --data.max_len)")
-    dtype: str = option("bfloat16", "engine weight dtype", choices=("bfloat16", "float16", "float32", "auto"))
-    mtp_num_speculative_tokens: int = option(0, "MTP speculative tokens (0 = off; needs an MTP checkpoint)", minimum=0)
-    enable_sleep: bool = option(False, "free vLLM's GPU memory during training (sleep/wake each step)")
-    bucket_mb: int = option(BUCKET_BYTES >> 20, "weight-sync bucket size in MiB (one transfer per bucket)", minimum=1)
-
-    @property
-    def bucket_bytes(self) -> int:
-        return self.bucket_mb << 20
-
-    @property
-    def gpus_per_engine(self) -> int:
-        """The GPUs one engine spans: tensor_parallel_size x data_parallel_size."""
-        return self.tensor_parallel_size * self.data_parallel_size
 
 
 @dataclass(frozen=True)
@@ -399,9 +340,11 @@ class RLConfig:
     actor: ActorConfig = group(ActorConfig)
     fsdp: FSDPConfig = group(FSDPConfig)
     ref: RefConfig = group(RefConfig)
+    model: ModelConfig = group(ModelConfig, only=LORA_FIELDS)
     data: DataConfig = group(DataConfig)
     rollout: RolloutConfig = group(RolloutConfig)
     algo: AlgoConfig = group(AlgoConfig)
+    critic: CriticConfig = group(CriticConfig)
     reward: RewardConfig = group(RewardConfig)
     vllm: VLLMConfig = group(VLLMConfig)
     train: TrainConfig = group(TrainConfig)
@@ -415,6 +358,7 @@ class RLConfig:
         flags.check_declared(self, "rl")
         _set(self, "actor", replace(self.actor, num_workers=_trainer_ranks(self.actor)))
         _set(self, "vllm", replace(self.vllm, max_model_len=self.vllm.max_model_len or self.data.max_len))
+        _set(self, "algo", algo_defaults(self.algo))
         self._validate()
 
     @property
@@ -430,28 +374,12 @@ class RLConfig:
         if not self.eval.eval_only:
             _require_data(self)
         _require_output_dir(self)
-        if not self.env and self.train.agent_path is None:
+        if not self.env and self.train.agent_path is None and self.algo.advantage.estimator != "on_policy_distill":
             raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
         if self.actor.model_name_or_path is None:
             raise ConfigError("--actor.model_name_or_path is required (e.g. runs/sft/hf from `molt-train sft`)")
         check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend)
-        n = self.rollout.n_samples_per_prompt
-        adv, algo, train = self.algo.advantage, self.algo, self.train
-        if adv.estimator in GROUP_ESTIMATORS and n < 2:
-            raise ConfigError(
-                f"--algo.advantage.estimator {adv.estimator} compares samples of one prompt and needs "
-                f"--rollout.n_samples_per_prompt > 1, got {n}"
-            )
-        if algo.dynamic_filtering_enable and n < 2:
-            raise ConfigError(f"--algo.dynamic_filtering_enable needs --rollout.n_samples_per_prompt > 1, got {n}")
-        low, high = algo.dynamic_filtering_range
-        if not low < high:
-            raise ConfigError(f"--algo.dynamic_filtering_range must be LOW HIGH with LOW < HIGH, got {low} {high}")
-        low, high = self.actor.eps_clip_low_high
-        if low < 0 or high < 0:
-            raise ConfigError(f"--actor.eps_clip_low_high must be >= 0, got {low} {high}")
-        if self.actor.dual_clip is not None and self.actor.dual_clip <= 1:
-            raise ConfigError(f"--actor.dual_clip must be > 1 (recipes use 10), got {self.actor.dual_clip}")
+        train = self.train
         if train.force_sync_mode and train.async_queue_size > 1:
             raise ConfigError(
                 f"--train.force_sync_mode is strictly on-policy and contradicts --train.async_queue_size "
@@ -464,16 +392,9 @@ class RLConfig:
             )
         if not 0 < self.rollout.top_p <= 1:
             raise ConfigError(f"--rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
-        if not 0 < adv.gamma <= 1:
-            raise ConfigError(f"--algo.advantage.gamma must be in (0, 1], got {adv.gamma}")
-        self._validate_engine()
-        self._validate_is_correction()
-        _validate_reward(self.reward, self.data.max_len)
-        if algo.kl.init_coef > 0 and algo.kl.ref == "rollout" and self.rollout.top_p < 1:
-            raise ConfigError(
-                f"--algo.kl.ref rollout reads the sampler's log-probs, which --rollout.top_p "
-                f"{self.rollout.top_p} renormalises away; use --rollout.top_p 1.0 or --algo.kl.ref model"
-            )
+        validate_engine(self)
+        validate_algo(self)
+        _validate_lora(self)
         _require_installed(self.actor.backend, self.rollout.engine)
         self._validate_run_modes()
 
@@ -535,81 +456,6 @@ class RLConfig:
             if value:
                 raise ConfigError(f"--train.rollout_replay_dir builds no rollout engine, so {flag} cannot act; drop it")
 
-    def _validate_engine(self) -> None:
-        """``--rollout.engine`` and what goes with it: vllm runs single-GPU engines, colocated (CUDA IPC weight
-        sync) or on a GPU of their own (NCCL); a partial rollout is the vllm engine's pause/resume."""
-        engine, train, vllm = self.rollout.engine, self.train, self.vllm
-        if train.partial_rollout_enable and engine != "vllm":
-            raise ConfigError(
-                "--train.partial_rollout_enable pauses and resumes requests inside the vllm engine; "
-                "add --rollout.engine vllm"
-            )
-        if train.partial_rollout_enable and train.force_sync_mode:
-            raise ConfigError(
-                "--train.partial_rollout_enable syncs weights under rollouts in flight, which "
-                "--train.force_sync_mode forbids; drop one of them"
-            )
-        if not 0.0 < vllm.gpu_memory_utilization <= 1.0:
-            raise ConfigError(f"--vllm.gpu_memory_utilization must be in (0, 1], got {vllm.gpu_memory_utilization}")
-        if vllm.mtp_num_speculative_tokens and vllm.enable_prefix_caching:
-            raise ConfigError(
-                "--vllm.mtp_num_speculative_tokens cannot be combined with --vllm.enable_prefix_caching; "
-                "drop one of them"
-            )
-        if engine != "vllm":
-            return
-        check_engine_parallel(vllm, self.actor.num_workers, train.colocate_all)
-        if vllm.num_engines != 1 and not train.colocate_all:
-            raise ConfigError(
-                f"--vllm.num_engines {vllm.num_engines} puts that many engines on the one GPU the trainer shares "
-                "with them; add --train.colocate_all, or use --vllm.num_engines 1 for an engine on a GPU of its own"
-            )
-        if vllm.enable_sleep and not train.colocate_all:
-            raise ConfigError(
-                "--vllm.enable_sleep frees the GPU the engine shares with the trainer; with the engine on a GPU "
-                "of its own (no --train.colocate_all) drop it"
-            )
-        if vllm.enable_sleep and not train.force_sync_mode:
-            raise ConfigError(
-                "--vllm.enable_sleep frees the engine while the trainer trains, so rollout and training must "
-                "take turns: add --train.force_sync_mode"
-            )
-        if vllm.max_model_len < self.data.max_len:
-            raise ConfigError(
-                f"--vllm.max_model_len {vllm.max_model_len} is shorter than --data.max_len {self.data.max_len}; "
-                "raise it or drop it (default: --data.max_len)"
-            )
-
-    def _validate_is_correction(self) -> None:
-        """Refuse IS-correction settings that would silently train on biased updates."""
-        adv, train = self.algo.advantage, self.train
-        level, mode = adv.is_correction_level, adv.is_correction_mode
-        if level in ("seq", "geo") and mode != "mask":
-            raise ConfigError(
-                f"--algo.advantage.is_correction_level {level!r} is a sequence rejection filter and needs "
-                f"--algo.advantage.is_correction_mode 'mask', got {mode!r}; use level 'token' for clip/trunc"
-            )
-        queue = 0 if train.force_sync_mode else train.async_queue_size
-        if level == "off" and (queue > 1 or train.partial_rollout_enable):
-            raise ConfigError(
-                f"async rollout (--train.async_queue_size={queue}, "
-                f"--train.partial_rollout_enable={train.partial_rollout_enable}) trains on off-policy samples; "
-                "enable --algo.advantage.is_correction_level (e.g. geo) or use --train.async_queue_size 1 without "
-                "partial rollout"
-            )
-        if level != "off" and self.rollout.top_p < 1.0:
-            raise ConfigError(
-                f"IS correction needs --rollout.top_p 1.0, got {self.rollout.top_p}: nucleus renormalisation "
-                "biases the rollout log-probs; set --rollout.top_p 1.0 or --algo.advantage.is_correction_level off"
-            )
-        band = adv.is_correction_threshold
-        low, high = (0.0, *band) if len(band) == 1 else (band if len(band) == 2 else (None, None))
-        if low is None or not 0.0 <= low < high:
-            raise ConfigError(
-                f"--algo.advantage.is_correction_threshold must be HIGH or LOW HIGH with 0 <= LOW < HIGH, got "
-                f"{' '.join(map(str, band))} (recipes use 0.99 1.01)"
-            )
-
 
 @dataclass(frozen=True)
 class SFTConfig:
@@ -640,6 +486,12 @@ class SFTConfig:
         if self.train.batch_size < 1:
             raise ConfigError(f"--train.batch_size must be >= 1, got {self.train.batch_size}")
         check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend)
+        if self.model.lora_dim and self.model.config is not None:
+            raise ConfigError(
+                "--model.lora_dim trains adapters over a pretrained model; --model.config tiny builds an untrained "
+                "one: drop --model.lora_dim, or pass --actor.model_name_or_path DIR instead of --model.config"
+            )
+        _validate_lora(self)
         _require_installed(self.actor.backend, "hf")
 
 
@@ -679,33 +531,6 @@ def _set(cfg: Any, name: str, value: Any) -> None:
     object.__setattr__(cfg, name, value)
 
 
-def check_engine_parallel(vllm: VLLMConfig, num_workers: int, colocated: bool) -> None:
-    """Refuse a vLLM engine spread (``--vllm.tensor_parallel_size`` x ``--vllm.data_parallel_size`` GPUs) the run
-    cannot place, naming the flags; the cluster's GPU count is checked when the run is placed (``plan_placement``).
-
-    Raises:
-        ConfigError: several engines of several GPUs each, expert parallelism over one GPU, or a colocated engine
-            spanning more GPUs than the trainer ranks hold.
-    """
-    tp, dp, span = vllm.tensor_parallel_size, vllm.data_parallel_size, vllm.gpus_per_engine
-    if span > 1 and vllm.num_engines != 1:
-        raise ConfigError(
-            f"--vllm.num_engines {vllm.num_engines} shares one GPU between engine processes; an engine of "
-            f"--vllm.tensor_parallel_size {tp} x --vllm.data_parallel_size {dp} GPUs takes --vllm.num_engines 1"
-        )
-    if vllm.enable_expert_parallel and span == 1:
-        raise ConfigError(
-            "--vllm.enable_expert_parallel splits the experts over tensor_parallel_size x data_parallel_size GPUs, "
-            "here 1 x 1: raise --vllm.tensor_parallel_size or --vllm.data_parallel_size, or drop it"
-        )
-    if colocated and span > num_workers:
-        raise ConfigError(
-            f"--train.colocate_all puts the vLLM engine on the trainer ranks' GPUs, one worker per GPU: "
-            f"--vllm.tensor_parallel_size {tp} x --vllm.data_parallel_size {dp} = {span} GPUs, but "
-            f"--actor.num_workers is {num_workers}; use --actor.num_gpus_per_node {span} or a smaller engine"
-        )
-
-
 def _trainer_ranks(actor: ActorConfig) -> int:
     gpus = actor.num_gpus_per_node
     if gpus < 0 or (gpus and actor.num_workers not in (1, gpus)):
@@ -726,22 +551,31 @@ def _require_output_dir(cfg: RLConfig | SFTConfig) -> None:
         raise ConfigError("--ckpt.output_dir is required (metrics, checkpoints and the final hf/ model go there)")
 
 
-def _validate_reward(reward: RewardConfig, max_len: int) -> None:
-    low, high = reward.clip_range
-    if not low <= high:
-        raise ConfigError(f"--reward.clip_range must be LOW HIGH with LOW <= HIGH, got {low} {high}")
-    coef = reward.stop_properly_penalty_coef
-    if reward.overlong_buffer_len and coef is not None:
+def _validate_lora(cfg: RLConfig | SFTConfig) -> None:
+    model = cfg.model
+    if not model.lora_dim:
+        if model.lora_target_modules:
+            raise ConfigError("--model.lora_target_modules needs --model.lora_dim > 0 (the LoRA rank)")
+        return
+    if cfg.actor.backend != "hf":
         raise ConfigError(
-            f"--reward.overlong_buffer_len {reward.overlong_buffer_len} and --reward.stop_properly_penalty_coef "
-            f"{coef} are mutually exclusive length penalties; keep one"
+            f"--model.lora_dim injects PEFT adapters into a transformers model; --actor.backend "
+            f"{cfg.actor.backend} is not supported with LoRA: use --actor.backend hf"
         )
-    if reward.overlong_buffer_len >= max_len:
+    if model.lora_alpha <= 0:
+        raise ConfigError(f"--model.lora_alpha must be > 0 with --model.lora_dim, got {model.lora_alpha}")
+    if cfg.rollout.engine == "vllm" and cfg.train.check_weight_update_equal:
         raise ConfigError(
-            f"--reward.overlong_buffer_len {reward.overlong_buffer_len} must be shorter than --data.max_len {max_len}"
+            "--train.check_weight_update_equal compares the engine's parameters with the trainer's, but with "
+            "--model.lora_dim the vllm engine keeps the base weights and serves the adapter directory the trainer "
+            "writes: drop --train.check_weight_update_equal (the hf engine's LoRA sync is checked)"
         )
-    if coef is not None and coef > 1:
-        raise ConfigError(f"--reward.stop_properly_penalty_coef must be in [0, 1] (scale) or < 0 (replace), got {coef}")
+    if cfg.actor.adam.lr < 1e-4:
+        logging.getLogger(__name__).warning(
+            "--model.lora_dim %d with --actor.adam.lr %g: adapters need a LoRA-scale learning rate (1e-4 and up)",
+            model.lora_dim,
+            cfg.actor.adam.lr,
+        )
 
 
 def _require_installed(backend: str, engine: str) -> None:

@@ -116,7 +116,7 @@ def make_experience(trajs: Sequence[Trajectory], max_len: int, pad_id: int) -> E
         logp[i, :k] = torch.tensor(t.log_probs[:k])
         for start, end in t.action_ranges:
             action[i, start : min(end, k)] = True
-    return Experience(
+    exp = Experience(
         input_ids=input_ids,
         attention_mask=attention,
         action_mask=action[:, 1:],
@@ -129,6 +129,15 @@ def make_experience(trajs: Sequence[Trajectory], max_len: int, pad_id: int) -> E
         scores=[t.score for t in trajs],
         mm=[t.mm_inputs or None for t in trajs] if any(t.mm_inputs for t in trajs) else [],
     )
+    if all("top_logprobs" in t.info for t in trajs):  # score centering: the engine's top-k, next-token axis
+        k = trajs[0].info["top_logprobs"][0].shape[1]
+        top_ids = torch.zeros((n, length, k), dtype=torch.long)
+        top_logq = torch.full((n, length, k), -30.0)
+        for i, t in enumerate(trajs):
+            ids, logq = t.info["top_logprobs"]
+            top_ids[i, : len(ids[:length])], top_logq[i, : len(ids[:length])] = ids[:length], logq[:length]
+        exp.extra.update(top_ids=top_ids[:, 1:], top_logq=top_logq[:, 1:])
+    return exp
 
 
 def count_reasons(reasons: Sequence[str | None]) -> dict[str, int]:

@@ -23,6 +23,13 @@ def _chunk_logp(hidden: Tensor, targets: Tensor, weight: Tensor, temperature: fl
     return logits.gather(-1, targets[:, None])[:, 0] - logits.logsumexp(-1)
 
 
+def _chunk_logp_candidates(hidden: Tensor, targets: Tensor, weight: Tensor, temperature: float, cand: Tensor) -> Tensor:
+    """(chunk, 2 + k): the target's log-prob, ``sum_v sg(p_v) log p_v``, and the log-probs of the ``cand`` ids."""
+    logp = ((hidden @ weight.t()).float() / temperature).log_softmax(-1)
+    expected = (logp.detach().exp() * logp).sum(-1)
+    return torch.cat([logp.gather(-1, targets[:, None]), expected[:, None], logp.gather(-1, cand)], dim=-1)
+
+
 class LogProbModel(nn.Module):
     """Wraps a causal LM so one forward returns per-token log-probs of the next tokens, (N, L-1).
 
@@ -52,10 +59,13 @@ class LogProbModel(nn.Module):
         temperature: float = 1.0,
         action_mask: Tensor | None = None,
         mm: dict[str, Tensor] | None = None,
+        candidates: Tensor | None = None,
     ) -> Tensor:
         """``action_mask`` (N, L-1): where the actions start, for prefix sharing (None: a plain forward). ``mm``: the
-        rows' image tensors, concatenated in row order (a vision model's rows; no prefix sharing then)."""
-        if self.share_prefixes and action_mask is not None and not mm:
+        rows' image tensors, concatenated in row order (a vision model's rows; no prefix sharing then).
+        ``candidates`` (N, L-1, k) token ids (score centering): the result is then (N, L-1, 2 + k), the target's
+        log-prob, ``sum_v sg(p_v) log p_v`` and the candidates' log-probs at each position (a plain forward)."""
+        if self.share_prefixes and action_mask is not None and not mm and candidates is None:
             lengths = attention_mask.sum(1)
             first_action = torch.where(action_mask.any(1), action_mask.int().argmax(1) + 1, lengths)
             prefix_lens = torch.minimum(first_action, lengths).clamp(min=1)
@@ -85,6 +95,8 @@ class LogProbModel(nn.Module):
             use_cache=False,
             **mm,
         )[0][:, :-1]  # tuple (AutoModel's)
+        if candidates is not None:
+            return self._logp(hidden, input_ids[:, 1:], temperature, candidates).clone()
         return self._logp(hidden, input_ids[:, 1:], temperature).clone()  # FSDP2 warns on view outputs
 
     def _shared_forward(
@@ -136,17 +148,20 @@ class LogProbModel(nn.Module):
         flat = torch.cat(pieces)
         return flat[torch.where(index < 0, flat.numel() - 1, index)]
 
-    def _logp(self, hidden: Tensor, targets: Tensor, temperature: float) -> Tensor:
-        """Log-probs of ``targets`` (N, T) from ``hidden`` (N, T, H), in chunks of ``chunk_size`` positions."""
+    def _logp(self, hidden: Tensor, targets: Tensor, temperature: float, candidates: Tensor | None = None) -> Tensor:
+        """Log-probs of ``targets`` (N, T) from ``hidden`` (N, T, H), in chunks of ``chunk_size`` positions
+        (with ``candidates`` (N, T, k): (N, T, 2 + k), see ``forward``)."""
         n, length, width = hidden.shape
         flat, targets = hidden.reshape(-1, width), targets.reshape(-1)
         weight = self.lm.lm_head.weight
+        fn, extra, shape = self._chunk_logp, (), (n, length)
+        if candidates is not None:
+            k = candidates.shape[-1]
+            fn, cand, shape = _chunk_logp_candidates, candidates.reshape(-1, k), (n, length, 2 + k)
         chunks = []
         for s in range(0, flat.shape[0], self.chunk_size):
-            args = (flat[s : s + self.chunk_size], targets[s : s + self.chunk_size], weight, temperature)
-            chunks.append(
-                checkpoint(self._chunk_logp, *args, use_reentrant=False)
-                if torch.is_grad_enabled()
-                else self._chunk_logp(*args)
-            )
-        return torch.cat(chunks).reshape(n, length) if chunks else hidden.new_zeros(n, length)
+            if candidates is not None:
+                extra = (cand[s : s + self.chunk_size],)
+            args = (flat[s : s + self.chunk_size], targets[s : s + self.chunk_size], weight, temperature, *extra)
+            chunks.append(checkpoint(fn, *args, use_reentrant=False) if torch.is_grad_enabled() else fn(*args))
+        return torch.cat(chunks).reshape(shape) if chunks else hidden.new_zeros(shape)

@@ -18,9 +18,11 @@ The decision, in one place:
 Actors that share a GPU take ``COLOCATED_GPU_FRACTION`` of it each. CPU threads are split between the processes that
 compute at the same time (rollout and training overlap unless ``--train.force_sync_mode``).
 
-Multi-node notes (the value is shaped for it; the trainer does not spread over nodes yet): every trainer rank has a
-bundle of its own, so a rank always packs with its GPU whatever ``strategy`` says; the rendezvous of a group is
-hosted on its rank 0's node (``worker_group.WorkerGroup``), never assumed to be the driver's.
+Over several nodes (``--ray.address``): every trainer rank has a bundle of its own, so a rank always packs with its
+GPU, and the bundles are ``PACK``ed (one node while it has room, more when it has not); CPU trainer ranks stay on
+the driver's node, next to ``--ckpt.output_dir``. The rendezvous of a group is hosted on its rank 0's node
+(``worker_group.WorkerGroup``). CPU rollout actors (``--rollout.num_workers``) are spread round-robin over the alive
+nodes (``spread``), as the sandbox ``ray`` provider spreads its actors; a node lost mid-run costs its episodes (``RLTrainer``).
 """
 
 from __future__ import annotations
@@ -62,7 +64,7 @@ class Placement:
     trainer_threads: int
     reference_threads: int
     bundles: tuple[dict[str, float], ...] = ()
-    strategy: str = "STRICT_PACK"
+    strategy: str = "PACK"
     trainer_bundles: tuple[int, ...] = ()
     engine_bundle: int | None = None
     reference_gpus: float = 0.0  # each reference rank's share of a GPU (= trainer_gpus when colocated)
@@ -170,3 +172,44 @@ def bundle_gpu_ids(group: Any, bundles: tuple[int, ...]) -> list[str]:
     if any(len(found) != 1 for found in ids):
         raise RuntimeError(f"expected one GPU in each of bundles {bundles}, Ray gave {ids}")
     return [found[0] for found in ids]
+
+
+def rank_options(group: Any, gpus: float, bundles: tuple[int, ...], rank: int) -> dict[str, Any]:
+    """Ray ``.options(...)`` of rank ``rank`` of a trainer group (the policy's, the reference's) whose ranks hold
+    ``gpus`` each and sit in ``bundles``: its bundle, or (CPU ranks) the driver's node."""
+    if group is not None:
+        return in_bundle(group, bundles[rank])
+    return on_this_node() if gpus == 0 else {}
+
+
+def rollout_options(group: Any, placement: Placement, index: int, avoid: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Ray ``.options(...)`` of rollout actor ``index``: the engine's bundle, or (CPU engines) a node of its own,
+    never one of the ``avoid`` node IDs (a node just lost, which Ray may not have noticed yet)."""
+    if group is not None:
+        return in_bundle(group, placement.engine_bundle)
+    return spread(index, avoid) if placement.engine_gpus == 0 else {}
+
+
+def spread(index: int, avoid: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Ray ``.options(...)`` putting the ``index``-th of several actors on the ``index``-th alive node (the driver's
+    first, round-robin). Ray's own ``SPREAD``, and even a soft affinity, left rollout actors created one after the
+    other on one node; a node that dies is no longer alive, so an actor re-created later goes to a surviving one."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    alive = sorted(
+        sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] not in avoid),
+        key=lambda node: node != here,
+    )
+    if not alive:
+        raise RuntimeError(f"no alive Ray node is left to place an actor on (lost: {', '.join(avoid)})")
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(alive[index % len(alive)], soft=False)}
+
+
+def on_this_node() -> dict[str, Any]:
+    """Ray ``.options(...)`` pinning an actor or task to the calling process's node (it dies with that node)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    return {"scheduling_strategy": NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)}

@@ -22,15 +22,24 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from molt_train import lora as lora_adapters
 from molt_train import parallel
 from molt_train.actor_backend import load_policy_model
-from molt_train.algorithms import aggregate, get_policy_loss, is_correction, kl_loss, mismatch_metrics
+from molt_train.algorithms import (
+    aggregate,
+    centering_term,
+    get_policy_loss,
+    is_correction,
+    kl_loss,
+    masked_mean,
+    mismatch_metrics,
+)
 from molt_train.logprob_model import LogProbModel
 from molt_train.models.multimodal import layers_to_shard, load_processor, model_class
 from molt_train.parallel import FSDPConfig
 
 if TYPE_CHECKING:
-    from molt_train.config import ActorConfig, AlgoConfig
+    from molt_train.config import ActorConfig, AlgoConfig, ModelConfig
 
 
 def rl_loss(
@@ -39,8 +48,9 @@ def rl_loss(
     """One micro-batch's share of the RL loss and its metrics; ``mb``'s tensors are on ``logp``'s device.
 
     policy loss (``--actor.loss_mode``, against pi_old: ``extra["logp_old"]`` when the batch was recomputed, else the
-    forward's own log-probs, detached) x IS weights (``--algo.advantage.is_correction_*``) -> aggregated by
-    ``--actor.loss_agg_mode`` over the window's denominators, + beta x the KL loss (``--algo.kl.use_loss``).
+    forward's own log-probs, detached) x IS weights (``--algo.advantage.is_correction_*``), + A x the score-centering
+    term (``--algo.advantage.score_centering_top_k``: ``mb["centering"]``) -> aggregated by ``--actor.loss_agg_mode``
+    over the window's denominators, + beta x the KL loss (``--algo.kl.use_loss``).
     """
     mask, rollout_logp = mb["action_mask"], mb["rollout_logp"]
     old = mb["extra"].get("logp_old")
@@ -58,9 +68,22 @@ def rl_loss(
             level=adv.is_correction_level,
             mode=adv.is_correction_mode,
             threshold=adv.is_correction_threshold,
+            gating=adv.is_correction_gating,
         )
         loss_tokens = loss_tokens * weights
         metrics.update(is_metrics)
+    centering = mb.get("centering")
+    if centering is not None:
+        term = centering_term(
+            centering["cand_logp"],
+            mb["extra"]["top_logq"],
+            centering["expected_logp"],
+            level=adv.is_correction_level,
+            mode=adv.is_correction_mode,
+            threshold=adv.is_correction_threshold,
+        )
+        loss_tokens = torch.where(mask, loss_tokens + mb["advantages"] * term, torch.zeros_like(loss_tokens))
+        metrics["score_centering/term_mean"] = masked_mean(term.detach(), mask)
     mode = actor.loss_agg_mode
     if mode == "token-mean":
         loss = aggregate(loss_tokens, mask, mode, num_tokens=window["num_tokens"])
@@ -115,6 +138,8 @@ class PolicyWorker:
         trainable: bool = True,
         num_threads: int = 0,
         fsdp: FSDPConfig | None = None,
+        lora: ModelConfig | None = None,
+        adapter_dir: str | None = None,
     ) -> None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers.utils import logging
@@ -130,7 +155,11 @@ class PolicyWorker:
         random.seed(seed)
         lm = load_policy_model(
             actor.backend, model_path, dtype=torch.float32, freeze_moe_router=actor.freeze_moe_router
-        ).to(self.device)
+        )
+        self.lora = lora if lora_adapters.enabled(lora) and trainable else None
+        if self.lora is not None:  # only the adapters train (the frozen reference keeps the plain checkpoint)
+            lora_adapters.inject(lm, self.lora, adapter_dir)
+        lm = lm.to(self.device)
         self.config = lm.config
         if actor.gradient_checkpoint:
             lm.gradient_checkpointing_enable()
@@ -165,7 +194,7 @@ class PolicyWorker:
             adam = actor.adam
             # the fused multi-tensor step cannot mix the two meshes of a tensor-parallel model
             self.optimizer = torch.optim.AdamW(
-                self.model.parameters(),
+                [p for p in self.model.parameters() if p.requires_grad],
                 lr=adam.lr,
                 betas=adam.betas,
                 eps=adam.eps,
@@ -210,7 +239,11 @@ class PolicyWorker:
             mb = _to_device(mb, self.device)
             mask = mb["action_mask"]
             n = int(mask.sum())
-            logp = self.model(mb["input_ids"], mb["attention_mask"], temperature, mask, mb["mm"])
+            top_ids = mb["extra"].get("top_ids")
+            logp = self.model(mb["input_ids"], mb["attention_mask"], temperature, mask, mb["mm"], candidates=top_ids)
+            if top_ids is not None:  # score centering: the candidates' log-probs come with the targets'
+                mb["centering"] = {"expected_logp": logp[..., 1], "cand_logp": logp[..., 2:]}
+                logp = logp[..., 0]
             if algo is None:
                 loss, metrics = aggregate(-logp, mask, num_tokens=window["num_tokens"]), {}
             else:
@@ -246,6 +279,18 @@ class PolicyWorker:
             return None
         tied = getattr(self.config, "tie_word_embeddings", False)
         return {k.removeprefix("lm."): v for k, v in sd.items() if not (tied and k == "lm.lm_head.weight")}
+
+    def adapter_state_dict(self) -> dict[str, Tensor] | None:
+        """LoRA runs: rank 0's copy of the adapter weights only (what the hf engine receives); every rank calls it."""
+        weights = self.full_state_dict()
+        return None if weights is None else {k: v for k, v in weights.items() if lora_adapters.is_adapter_weight(k)}
+
+    def save_adapter(self, directory: str) -> None:
+        """LoRA runs: the current adapter as a PEFT adapter directory (what the vllm engine loads); every rank calls
+        it, rank 0 writes."""
+        weights = self.full_state_dict()
+        if self.rank == 0:
+            lora_adapters.save(self.config, weights, self.lora, Path(directory), merged=False)
 
     def _engine_weights(self, dtype: str, ranks: int = 1) -> list[tuple[str, Tensor]] | None:
         """Ranks 0..``ranks``-1: the full weights on this GPU cast to the engine's ``dtype`` ('auto' keeps them);
@@ -314,13 +359,18 @@ class PolicyWorker:
         if self.rank != 0:
             return
         out = Path(directory)
-        model = model_class(self.config).from_config(self.config, dtype=torch.float32)
-        missing, unexpected = model.load_state_dict(weights, strict=False)
-        tied = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
-        if unexpected or set(missing) - tied:
-            raise RuntimeError(f"checkpoint weights do not match the model: missing {missing}, unexpected {unexpected}")
-        model.tie_weights()
-        model.save_pretrained(out / "hf")
+        if self.lora is not None:  # adapter/ (PEFT) and hf/ (merged)
+            lora_adapters.save(self.config, weights, self.lora, out)
+        else:
+            model = model_class(self.config).from_config(self.config, dtype=torch.float32)
+            missing, unexpected = model.load_state_dict(weights, strict=False)
+            tied = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
+            if unexpected or set(missing) - tied:
+                raise RuntimeError(
+                    f"checkpoint weights do not match the model: missing {missing}, unexpected {unexpected}"
+                )
+            model.tie_weights()
+            model.save_pretrained(out / "hf")
         load_processor(tokenizer_path).save_pretrained(out / "hf")
         if optim is not None:
             torch.save(

@@ -55,13 +55,22 @@ class RolloutWorker:
         num_threads: int | None = None,
         engine: str = "hf",
         partial_rollout: bool = False,
+        top_logprobs: int = 0,
+        lora: Any = None,
+        adapter_dir: str | None = None,
     ) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.model_path = model_path
         if engine == "hf":
-            self.engine: Any = HFEngine.from_pretrained(model_path, max_batch_size=max_batch_size)
+            self.engine: Any = HFEngine.from_pretrained(
+                model_path, max_batch_size=max_batch_size, top_logprobs=top_logprobs
+            )
             self.tokenizer = self.engine.processor  # what runners take: the tokenizer or a VLM's processor
+            if lora is not None:  # the policy's adapters (B = 0, or a resumed run's): syncs send only them
+                from molt_train import lora as lora_adapters
+
+                lora_adapters.inject(self.engine.model, lora, adapter_dir)
         elif engine == "vllm":
             from molt_train.models.multimodal import load_processor
 
@@ -76,6 +85,10 @@ class RolloutWorker:
         self.runners: dict[str, Any] = {}  # a row's env -> its runner; a row of no env (or an agent) -> self.runner
         if agent_path:
             self.runner = load_agent_runner(agent_path)
+        elif not ids:  # on-policy distillation on a prompt file: sample, the teacher grades
+            from molt_train.distill_agent import AgentRunner
+
+            self.runner = AgentRunner()
         else:
             import env_registry
 
@@ -85,8 +98,10 @@ class RolloutWorker:
             if hasattr(runner, "engine_loader"):  # a game's frozen-checkpoint seats: an hf engine of their own
                 runner.engine_loader = lambda path: (e := HFEngine.from_pretrained(path), e.tokenizer)
         self.max_len, self.timeout_s = max_len, timeout_s
+        self.top_logprobs, self.lora, self.adapter_dir = top_logprobs, lora, adapter_dir
         self.rows: list[dict[str, Any]] = []
         self.sampler: MixSampler | None = None
+        self.shard, self.shards = 0, 1
         self.judge_server: Any = None  # start_judge
 
     async def start_judge(self, judge: Any) -> str:
@@ -118,7 +133,12 @@ class RolloutWorker:
 
         if devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
-        self.engine = VLLMEngine(self.model_path, options, seed=seed, tokenizer=text_tokenizer(self.tokenizer))
+        rank = self.lora.lora_dim if self.lora is not None else 0
+        self.engine = VLLMEngine(
+            self.model_path, options, seed=seed, tokenizer=text_tokenizer(self.tokenizer), lora_rank=rank
+        )
+        if self.adapter_dir is not None:  # a resumed LoRA run: serve its adapter from the first request
+            await self.engine.load_lora_adapter(self.adapter_dir)
 
     def set_prompts(
         self,
@@ -128,10 +148,14 @@ class RolloutWorker:
         weights: dict[str | None, float] | None = None,
         state: dict[str, Any] | None = None,
         start: int = 0,
+        shard: int = 0,
+        shards: int = 1,
     ) -> None:
         """The rows batches are drawn from, by env ``weights`` (``MixSampler``; ``state`` at batch ``start`` when
-        resuming)."""
+        resuming); this worker generates every ``shards``-th prompt of a batch, from ``shard`` on (one of
+        ``--rollout.num_workers``). Rows arrive through Ray, so no node reads the driver's dataset files."""
         self.rows, self.sampler = rows, MixSampler(rows, weights, batch_size, seed, state, start)
+        self.shard, self.shards = shard, shards
 
     async def connect(self, *queues: Any) -> None:
         """Reach each ``ray.util.queue.Queue`` once: the first call from this actor to a queue actor waits for that
@@ -147,7 +171,7 @@ class RolloutWorker:
         start = time.time()
         base = SamplingParams(**params)
         jobs, envs = [], []
-        for i in self.sampler.batch(step):
+        for i in self.sampler.batch(step)[self.shard :: self.shards]:
             env = self.rows[i].get("env")
             for j in range(n_samples):
                 params_j = base.updated(seed=episode_seed(seed, step, i, j))
@@ -156,6 +180,8 @@ class RolloutWorker:
         judge = self.runner.judge.stats.snapshot() if self.runner.judge is not None else None
         async with self._whole_batch():
             results = await asyncio.gather(*jobs)
+        if self.top_logprobs:  # what no kept trajectory claimed (failed episodes, evaluation)
+            self.engine.top_table.clear()
         kept: list[Trajectory] = []
         kept_envs: list[str | None] = []
         dropped: dict[str, int] = {}
@@ -208,9 +234,24 @@ class RolloutWorker:
         for seg in segments:
             seg.group_id = estimator_group(seg, group_id)
             reason = drop_reason(seg, self.max_len)
+            if reason is None and self.top_logprobs and not group_id.startswith("eval:"):
+                reason = self._attach_top_logprobs(seg)
             if reason is not None:
                 return [], reason
         return segments, None
+
+    def _attach_top_logprobs(self, seg: Trajectory) -> str | None:
+        """``seg.info["top_logprobs"]``: the engine's top-k (ids, log-probs) of each token, (len(token_ids), k) each
+        (log-prob -30 outside the actions); ``"no_top_logprobs"`` if an action was not generated by this engine."""
+        ids = torch.zeros((len(seg.token_ids), self.top_logprobs), dtype=torch.long)
+        logq = torch.full((len(seg.token_ids), self.top_logprobs), -30.0)
+        for start, end in seg.action_ranges:
+            top = self.engine.pop_top_logprobs(seg.token_ids[:start], seg.token_ids[start:end])
+            if top is None:
+                return "no_top_logprobs"
+            ids[start:end], logq[start:end] = top
+        seg.info["top_logprobs"] = (ids, logq)
+        return None
 
     async def produce(
         self, queue: Any, slots: Any, start: int, end: int, params: dict[str, Any], n_samples: int, seed: int
@@ -307,6 +348,8 @@ class RolloutWorker:
             timing = dict(self.engine.last_sync, wait_s=self.engine.last_sync["wait_s"] + waited)
             if check:
                 params = dict(self.engine.model.named_parameters())
+                if self.lora is not None:  # a LoRA run syncs (and so checks) the adapters only
+                    params = {k: v for k, v in params.items() if k in state_dict}
                 problems = await asyncio.to_thread(compare_weights, params, state_dict)
                 timing["weight_sync/checked_params"] = float(raise_if_unequal(problems, len(params)))
         return timing
@@ -325,6 +368,12 @@ class RolloutWorker:
                 tensors = sum(len(pickle.loads(p if isinstance(p, bytes) else p[0])[2]) for p in payloads)
                 timing["weight_sync/checked_params"] = float(raise_if_unequal(problems, tensors))
         return timing
+
+    async def load_lora_adapter(self, adapter_dir: str) -> dict[str, float]:
+        """vllm engine, LoRA runs: serve the trainer's adapter directory from now on."""
+        async with self._between_batches() as waited:
+            await self.engine.load_lora_adapter(adapter_dir)
+            return dict(self.engine.last_sync, wait_s=self.engine.last_sync["wait_s"] + waited)
 
     async def init_weight_group(self, host: str, port: int, world_size: int) -> None:
         """vllm engine on GPUs of its own: join the trainer rank 0's NCCL weight-sync group (opened concurrently)."""

@@ -20,6 +20,7 @@ import torch
 
 from molt_envs.vision import VisionInputs, text_tokenizer
 from molt_train import checkpoint
+from molt_train import lora as lora_adapters
 from molt_train.config import SFTConfig
 from molt_train.data import MixSampler, encode_sft, env_mix, load_rows
 from molt_train.experience import Experience
@@ -46,7 +47,13 @@ class SFTTrainer:
             )
         self.start_step, data_state = 0, None
         self.resumed_from = checkpoint.latest(out) if cfg.ckpt.load_enable else None
-        if self.resumed_from is not None:
+        lora = cfg.model if lora_adapters.enabled(cfg.model) else None
+        adapter_dir = None
+        if self.resumed_from is not None and lora is not None:  # the base + the run's adapter
+            self.model_path = Path(cfg.actor.model_name_or_path).resolve()
+            adapter_dir = str(self.resumed_from / "adapter")
+            self.start_step = checkpoint.read_state(self.resumed_from)["step"]
+        elif self.resumed_from is not None:
             self.model_path = self.resumed_from / "hf"
             state = checkpoint.read_state(self.resumed_from)
             self.start_step, data_state = state["step"], state.get("data")
@@ -72,6 +79,8 @@ class SFTTrainer:
             total_steps=cfg.train.num_steps,
             num_threads=threads,
             fsdp=cfg.fsdp,
+            lora=lora,
+            adapter_dir=adapter_dir,
         )
         if self.resumed_from is not None:
             self.policy.call("load_state", directory=str(self.resumed_from))

@@ -7,12 +7,13 @@ and ``--train.max_tokens_per_gpu``; the loss denominators of the whole optimizer
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import torch
 
 from molt_train.experience import Experience, micro_batch, plan_micro_batches
-from molt_train.placement import in_bundle
+from molt_train.placement import on_this_node
 from molt_train.policy_worker import PolicyWorker, free_port
 
 if TYPE_CHECKING:
@@ -27,10 +28,14 @@ class WorkerGroup:
         actor: the ``--actor.*`` group, handed to every rank as is.
         train: the ``--train.*`` group (seed, micro-batch limits).
         model_path: the checkpoint the ranks load (the policy's, a resumed one, or the reference's).
-        total_steps: optimizer steps of the run (the LR schedule). trainable: False for the frozen reference.
-        gpus: each rank's share of a GPU (0: CPU); placement / bundles: the Ray placement group and the bundle of
-            each rank (rank i in ``bundles[i]``), or None.
-        fsdp: the ``--fsdp.*`` group (tensor parallel size, optimizer offload); None: plain FSDP2.
+        total_steps: optimizer steps of the run (the LR schedule).
+        gpus: each rank's share of a GPU (0: CPU). place: rank -> its Ray ``.options(...)`` (a placement-group
+            bundle, a node); default: CPU ranks on the driver's node.
+        fsdp: the ``--fsdp.*`` group (tensor parallel size, optimizer offload), handed to ``PolicyWorker`` ranks;
+            None: plain FSDP2 (and nothing handed on, as a ``CriticWorker`` takes no ``fsdp``).
+        worker_cls: the rank's class, ``PolicyWorker`` or ``CriticWorker``; ``options``: its own keyword
+            arguments (``PolicyWorker``: ``trainable=False`` for the frozen reference, ``lora`` / ``adapter_dir``;
+            ``CriticWorker``: ``critic``).
     """
 
     def __init__(
@@ -40,26 +45,30 @@ class WorkerGroup:
         model_path: str,
         *,
         total_steps: int = 1,
-        trainable: bool = True,
         num_threads: int = 0,
         gpus: float = 0.0,
-        placement: Any = None,
-        bundles: tuple[int, ...] = (),
+        place: Callable[[int], dict[str, Any]] | None = None,
         name: str = "policy",
         fsdp: FSDPConfig | None = None,
+        worker_cls: type = PolicyWorker,
+        **options: Any,
     ) -> None:
         import ray
 
         self.name, self.actor, self.train = name, actor, train
         self.tp = fsdp.tp_size if fsdp is not None else 1
+        if fsdp is not None:
+            options["fsdp"] = fsdp
         ranks = actor.num_workers
-        bundle = dict(enumerate(bundles))
-        # the rendezvous lives on rank 0's node: a task in its bundle picks the port there (the driver's without one)
-        probe = ray.remote(num_cpus=0)(free_port).options(**in_bundle(placement, bundle.get(0)))
-        addr, port = ray.get(probe.remote()) if placement is not None else free_port()
-        remote = ray.remote(num_cpus=0, num_gpus=gpus)(PolicyWorker)
+        if place is None:  # CPU ranks on the driver's node; GPU ranks where Ray finds their GPUs
+            pinned = on_this_node() if gpus == 0 else {}
+            place = lambda rank: pinned  # noqa: E731
+        # the rendezvous lives on rank 0's node: a task scheduled as rank 0 is picks the port there
+        first = place(0)
+        addr, port = ray.get(ray.remote(num_cpus=0)(free_port).options(**first).remote()) if first else free_port()
+        remote = ray.remote(num_cpus=0, num_gpus=gpus)(worker_cls)
         self.workers = [
-            remote.options(**in_bundle(placement, bundle.get(rank))).remote(
+            remote.options(**place(rank)).remote(
                 rank,
                 ranks,
                 addr,
@@ -68,9 +77,8 @@ class WorkerGroup:
                 model_path,
                 seed=train.seed,
                 total_steps=total_steps,
-                trainable=trainable,
                 num_threads=num_threads,
-                fsdp=fsdp,
+                **options,
             )
             for rank in range(ranks)
         ]
@@ -98,8 +106,13 @@ class WorkerGroup:
 
     def logprobs(self, exp: Experience, pad_id: int, temperature: float) -> torch.Tensor:
         """Forward-only log-probs of every row, (N, L-1), computed across the ranks."""
+        return self.per_token("logprobs", exp, pad_id, temperature=temperature)
+
+    def per_token(self, method: str, exp: Experience, pad_id: int, **same: Any) -> torch.Tensor:
+        """A forward-only per-position ``method`` of the ranks (``logprobs``, the critic's ``values``) over every
+        row of ``exp``, (N, L-1); one answer per data-parallel group is read (its TP ranks computed the same)."""
         plan, per_rank = self._spread(exp, pad_id)
-        outputs = self.call("logprobs", per_rank, temperature=temperature)[:: self.tp]
+        outputs = self.call(method, per_rank, **same)[:: self.tp]
         result = torch.zeros(exp.action_mask.shape)
         for micros, outs in zip(plan, outputs, strict=True):
             for rows, out in zip(micros, outs, strict=True):

@@ -1,6 +1,9 @@
 """The `ray` provider: executions spread over Ray actors, each owning a local jail pool on its node,
 so throughput grows with the cluster. Calls go to the least-busy actor; when every actor's workers
-are busy, calls queue inside the actors (back-pressure). A dead actor is an infra_error."""
+are busy, calls queue inside the actors (back-pressure). Actor i goes to the i-th alive node (round-robin, the
+caller's first; soft: anywhere when that node is gone), so the executions spread over the cluster.
+A dead actor (its node lost) is an infra_error for the calls it had, and a new actor takes its place where Ray
+finds room."""
 
 from __future__ import annotations
 
@@ -14,6 +17,17 @@ from sandboxes.result import Result
 
 _started_ray = False  # whether a RayBackend called ray.init (then the last one to close stops Ray)
 _live: set[int] = set()
+
+
+def _pick_node(index: int, avoid: str | None = None) -> str:
+    """The ``index``-th alive node (round-robin, the caller's first), never ``avoid`` (a node just lost)."""
+    import ray
+
+    here = ray.get_runtime_context().get_node_id()
+    alive = sorted(
+        sorted(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != avoid), key=lambda n: n != here
+    )
+    return alive[index % len(alive)] if alive else here
 
 
 class _SandboxActor:
@@ -90,14 +104,17 @@ class RayBackend:
             _started_ray = True
         _live.add(id(self))
         count = actors or max(1, len([n for n in ray.nodes() if n.get("Alive")]))
-        actor_cls = ray.remote(_SandboxActor)
-        options = {"num_cpus": 0, "max_concurrency": workers_per_actor + 34, "scheduling_strategy": "SPREAD"}
-        self.actors = [
-            actor_cls.options(**options).remote(
-                unsafe, limits or Limits(), {**pool_options, "workers": workers_per_actor}
-            )
-            for _ in range(count)
-        ]
+        options = {"num_cpus": 0, "max_concurrency": workers_per_actor + 34}
+        args = (unsafe, limits or Limits(), {**pool_options, "workers": workers_per_actor})
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        def spawn(index: int, avoid: str | None = None) -> object:
+            self.placed[index] = node = _pick_node(index, avoid)
+            strategy = NodeAffinitySchedulingStrategy(node, soft=True)
+            return ray.remote(_SandboxActor).options(**options, scheduling_strategy=strategy).remote(*args)
+
+        self._spawn, self.placed = spawn, [""] * count
+        self.actors = [spawn(i) for i in range(count)]
         try:
             self.nodes = ray.get([actor.ready.remote() for actor in self.actors], timeout=120)
         except Exception as exc:  # surface the actor's own reason (e.g. SandboxUnavailable)
@@ -114,20 +131,36 @@ class RayBackend:
 
     async def run(self, header: dict, payload: dict, limits: Limits) -> Result:
         index = self._pick()
+        actor = self.actors[index]
         try:
-            result = await self.actors[index].run.remote(header, payload, limits)
+            result = await actor.run.remote(header, payload, limits)
             result.provider = self.name
             return result
         except self._ray.exceptions.RayError as exc:
+            self._replace_if_dead(index, actor, exc)
             return Result.infra(f"ray actor {index} failed: {exc}", self.name, 1)
         finally:
             with self._lock:
                 self._inflight[index] -= 1
 
+    def _replace_if_dead(self, index: int, actor: object, exc: Exception) -> None:
+        """A new actor in place of ``actor`` when ``exc`` says it died (not when one call failed)."""
+        if isinstance(exc, self._ray.exceptions.ActorDiedError):
+            with self._lock:
+                if self.actors[index] is actor:
+                    self.actors[index] = self._spawn(index, avoid=self.placed[index])
+
     async def open_session(self) -> RaySession:
         index = self._pick()
-        sid = await self.actors[index].open_session.remote()
-        return RaySession(self, index, sid)
+        actor = self.actors[index]
+        try:
+            sid = await actor.open_session.remote()
+        except self._ray.exceptions.RayError as exc:
+            with self._lock:
+                self._inflight[index] -= 1
+            self._replace_if_dead(index, actor, exc)
+            raise
+        return RaySession(self, index, sid, actor)
 
     def stats(self) -> list[dict]:
         return self._ray.get([actor.stats.remote() for actor in self.actors])
@@ -150,23 +183,26 @@ class RayBackend:
 
 
 class RaySession:
-    def __init__(self, backend: RayBackend, index: int, sid: int) -> None:
+    def __init__(self, backend: RayBackend, index: int, sid: int, actor: object) -> None:
         self.backend = backend
         self.index = index
         self.sid = sid
+        self.actor = actor  # the session's worker lives in this actor, even after a replacement at ``index``
 
     async def call(self, header: dict, payload: dict | None, limits: Limits) -> Result | dict:
         try:
-            reply = await self.backend.actors[self.index].session_call.remote(self.sid, header, payload, limits)
+            reply = await self.actor.session_call.remote(self.sid, header, payload, limits)
             if isinstance(reply, Result):
                 reply.provider = self.backend.name
             return reply
         except self.backend._ray.exceptions.RayError as exc:
+            self.backend._replace_if_dead(self.index, self.actor, exc)
             return Result.infra(f"ray actor {self.index} failed: {exc}", self.backend.name, 1)
 
     async def close(self) -> None:
         try:
-            await self.backend.actors[self.index].close_session.remote(self.sid)
+            with contextlib.suppress(self.backend._ray.exceptions.RayActorError):  # its actor died with its state
+                await self.actor.close_session.remote(self.sid)
         finally:
             with self.backend._lock:
                 self.backend._inflight[self.index] -= 1

@@ -10,6 +10,13 @@
   sample (``POST /sessions`` with the sample's sampling parameters, seed included; deleted after the sample), since
   its chat routes live under ``/s/<session>/``.
 
+``-n`` samples of a single-turn ``Env`` ID (``max_turns = 1``) on the OpenAI wire go as **one request with ``n``** per
+prompt (``run_choices``): each sample takes one choice, with its own token counts where the endpoint reports them
+per choice (``molt-train serve`` does; an endpoint that reports only the request's summed usage leaves a sample's
+``completion_tokens`` unknown). An endpoint that answers ``n`` with a 400 (while the same conversation without
+``n`` succeeds) or with fewer choices is marked as refusing ``n``: that prompt's samples, and every later one's, go
+as separate requests. Multi-turn envs, games, ChatAgents and the Anthropic wire always send one request per sample.
+
 The SDKs retry 429, 5xx and connection failures with exponential back-off (``max_retries``); what still fails is
 counted as ``endpoint_error``. The endpoint is probed once at start, so an unreachable one is a clear error before
 any sample.
@@ -18,7 +25,9 @@ any sample.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+from collections import Counter
 from typing import Any
 
 from env_registry.errors import Error
@@ -57,6 +66,7 @@ class EndpointPolicy(Policy):
         max_retries: SDK retries of 429/5xx/connection failures, with exponential back-off.
         request_timeout_s: one request's timeout.
         max_length: the context budget a ChatAgent is told (``ChatContext.max_length``).
+        use_n: send a single-turn env's samples of one prompt as one request with ``n`` (False: one request each).
     """
 
     generate_reason = "endpoint_error"
@@ -70,6 +80,7 @@ class EndpointPolicy(Policy):
         max_retries: int = 4,
         request_timeout_s: float = 600.0,
         max_length: int = 32768,
+        use_n: bool = True,
     ) -> None:
         if wire not in WIRES:
             raise Error(f"--wire {wire!r} is not supported; choose one of {', '.join(WIRES)}")
@@ -81,6 +92,8 @@ class EndpointPolicy(Policy):
         self.name = f"{self.base_url} model={model_name} wire={wire}"
         self.openai_base, self.root = split_base(self.base_url, wire)
         self.sessions = False  # a molt session server: one session per sample
+        self.n_refused: str | None = None if use_n else "use_n=False"  # why n is not sent
+        self.counts: dict[str, Counter] = {}  # env id -> requests sent, by kind
         self.http: Any = None
         self.client: Any = None
         self.proxy: Any = None
@@ -141,16 +154,102 @@ class EndpointPolicy(Policy):
             if task.spec.kind == "chat_agent":
                 return await self._run_agent(task, row, params, session)
             client = self.client if session is None else self._session_client(session)
-            try:
-                env = task.factory()
-                if isinstance(env, Game):  # the model plays one seat, the others their scripted policies
-                    env = OneSeatEnv(env)
-            except Exception as exc:
-                return Episode.failed("env_error", f"make: {type(exc).__name__}: {exc}")
-            return await drive_env(env, row, self._generator(client), params, task.spec.max_turns)
+            return await self._episode(task, row, self._generator(client, task.env_id), params)
         finally:
             if session is not None:
                 await self._call_server("DELETE", f"/sessions/{session['session_id']}", ok_missing=True)
+
+    # -- the samples of one prompt, one request with n --
+    def separate_because(self, task: EnvTask) -> str | None:
+        if self.wire != "openai":
+            return "the anthropic wire has no n"
+        if task.spec.kind != "env":
+            return f"a {task.spec.kind} ID: each sample's calls are its own"
+        if task.spec.max_turns != 1:
+            return "a multi-turn env (max_turns is not 1): each sample's conversation takes its own turns"
+        return self.n_refused
+
+    def requests(self, env_id: str) -> dict[str, int]:
+        return dict(self.counts.get(env_id, {}))
+
+    async def run_choices(self, task: EnvTask, row: dict[str, Any], params: list[SamplingParams]) -> list[Episode]:
+        """The episodes of one prompt; the first to ask for a reply sends one request with ``n = len(params)`` and
+        each episode takes one choice, in the order they ask (a refusal of ``n``: each asks on its own instead)."""
+        session = await self._open_session(params[0]) if self.sessions else None
+        try:
+            client = self.client if session is None else self._session_client(session)
+            single = self._generator(client, task.env_id)
+            shared: dict[str, Any] = {}
+            order = itertools.count()
+            n = len(params)
+
+            def generator(request: dict[str, Any]) -> Any:
+                async def generate(messages, tools, sample: SamplingParams) -> Reply:
+                    choice, asked = next(order), json.dumps([messages, tools], sort_keys=True, default=str)
+                    if "replies" not in shared:
+                        shared["asked"] = asked
+                        shared["replies"] = asyncio.ensure_future(
+                            self._n_request(client, task.env_id, messages, tools, params[0], n, shared)
+                        )
+                    replies = await shared["replies"]
+                    if choice < len(replies) and shared["asked"] == asked:
+                        request.update(n=n, choice=choice, seed=params[0].seed)
+                        return replies[choice]
+                    reply = await single(messages, tools, sample)
+                    if shared.get("refused") and not self.n_refused:  # the same conversation works without n
+                        self.n_refused = shared["refused"]
+                    return reply
+
+                return generate
+
+            requests = [{} for _ in params]
+            episodes = await asyncio.gather(
+                *(self._episode(task, row, generator(r), p) for r, p in zip(requests, params, strict=True))
+            )
+            for episode, request in zip(episodes, requests, strict=True):
+                episode.request = request or None
+            return list(episodes)
+        finally:
+            if session is not None:
+                await self._call_server("DELETE", f"/sessions/{session['session_id']}", ok_missing=True)
+
+    async def _n_request(
+        self, client: Any, env_id: str, messages, tools, params: SamplingParams, n: int, shared: dict[str, Any]
+    ) -> list[Reply]:
+        """One request with ``n``: its choices, or none where the endpoint refused ``n`` (why: ``shared["refused"]``)."""
+        from openai import BadRequestError
+
+        self.counts.setdefault(env_id, Counter())["n_requests"] += 1
+        try:
+            response = await client.chat.completions.create(**self._request(messages, tools, params), n=n)
+        except BadRequestError as exc:
+            shared["refused"] = f"the endpoint answered n={n} with HTTP 400 ({str(exc.message)[:200]})"
+            return []
+        replies = openai_replies(response.model_dump())
+        if len(replies) < n:
+            shared["refused"] = self.n_refused = f"the endpoint answered n={n} with {len(replies)} choice(s)"
+        return replies
+
+    def _request(self, messages, tools, params: SamplingParams) -> dict[str, Any]:
+        return {
+            "model": self.model_name,
+            "messages": messages,
+            **({"tools": tools} if tools else {}),
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "max_tokens": params.max_tokens,
+            **({"seed": params.seed} if params.seed is not None else {}),
+        }
+
+    async def _episode(self, task: EnvTask, row: dict[str, Any], generate: Any, params: SamplingParams) -> Episode:
+        """One ``Env`` (or game seat) episode on ``row`` through ``generate``."""
+        try:
+            env = task.factory()
+            if isinstance(env, Game):  # the model plays one seat, the others their scripted policies
+                env = OneSeatEnv(env)
+        except Exception as exc:
+            return Episode.failed("env_error", f"make: {type(exc).__name__}: {exc}")
+        return await drive_env(env, row, generate, params, task.spec.max_turns)
 
     def _session_client(self, session: dict[str, Any]) -> Any:
         base = session["base_url"] if self.wire == "openai" else session["session_url"]
@@ -186,24 +285,19 @@ class EndpointPolicy(Policy):
             await asyncio.sleep(min(8.0, 0.5 * 2**attempt))
             attempt += 1
 
-    def _generator(self, client: Any) -> Any:
+    def _generator(self, client: Any, env_id: str) -> Any:
+        counts = self.counts.setdefault(env_id, Counter())
         if self.wire == "openai":
 
             async def generate(messages, tools, params: SamplingParams) -> Reply:
-                response = await client.chat.completions.create(
-                    model=self.model_name,
-                    messages=messages,
-                    **({"tools": tools} if tools else {}),
-                    temperature=params.temperature,
-                    top_p=params.top_p,
-                    max_tokens=params.max_tokens,
-                    **({"seed": params.seed} if params.seed is not None else {}),
-                )
-                return openai_reply(response)
+                counts["single_requests"] += 1
+                response = await client.chat.completions.create(**self._request(messages, tools, params))
+                return openai_replies(response.model_dump())[0]
 
         else:
 
             async def generate(messages, tools, params: SamplingParams) -> Reply:
+                counts["single_requests"] += 1
                 system, converted = to_anthropic(messages)
                 sampling = {} if self.sessions else {"temperature": params.temperature, "top_p": params.top_p}
                 response = await client.messages.create(
@@ -276,7 +370,7 @@ def _record_calls(episode: Episode, calls: list[dict[str, Any]]) -> None:
         response = call.get("response")
         reply = None
         if isinstance(response, dict) and call["status"] < 400:
-            reply = openai_reply_dict(response) if call["wire"] == "openai" else anthropic_reply(response)
+            reply = openai_replies(response)[0] if call["wire"] == "openai" else anthropic_reply(response)
         episode.actions.append(None if reply is None else action_text(reply))
         if reply is None or reply.prompt_tokens is None:
             counted = False
@@ -286,25 +380,30 @@ def _record_calls(episode: Episode, calls: list[dict[str, Any]]) -> None:
     episode.prompt_tokens, episode.completion_tokens = (prompt, completion) if counted and calls else (None, None)
 
 
-def openai_reply(response: Any) -> Reply:
-    return openai_reply_dict(response.model_dump())
-
-
-def openai_reply_dict(response: dict[str, Any]) -> Reply:
-    choice = (response.get("choices") or [{}])[0]
-    message = choice.get("message") or {}
+def openai_replies(response: dict[str, Any]) -> list[Reply]:
+    """Every choice of a Chat Completions response. A choice's token counts are its own ``usage`` (what
+    ``molt-train serve`` sends with ``n``), else the response's when it has one choice; with several choices and only
+    the summed usage, the prompt count is the response's and a choice's completion count is unknown (None)."""
+    choices = response.get("choices") or [{}]
     usage = response.get("usage") or {}
-    calls = [
-        {"id": c.get("id"), "type": "function", "function": dict(c.get("function") or {})}
-        for c in message.get("tool_calls") or []
-    ]
-    return Reply(
-        content=message.get("content") or "",
-        tool_calls=calls,
-        finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
-        prompt_tokens=usage.get("prompt_tokens"),
-        completion_tokens=usage.get("completion_tokens"),
-    )
+    replies = []
+    for choice in sorted(choices, key=lambda c: c.get("index") or 0):
+        message = choice.get("message") or {}
+        own = choice.get("usage") or (usage if len(choices) == 1 else {"prompt_tokens": usage.get("prompt_tokens")})
+        calls = [
+            {"id": c.get("id"), "type": "function", "function": dict(c.get("function") or {})}
+            for c in message.get("tool_calls") or []
+        ]
+        replies.append(
+            Reply(
+                content=message.get("content") or "",
+                tool_calls=calls,
+                finish_reason="length" if choice.get("finish_reason") == "length" else "stop",
+                prompt_tokens=own.get("prompt_tokens"),
+                completion_tokens=own.get("completion_tokens"),
+            )
+        )
+    return replies
 
 
 def anthropic_reply(response: dict[str, Any]) -> Reply:

@@ -74,6 +74,7 @@ class Episode:
     turns: int = 0
     truncated: bool = False
     failure: Failure | None = None
+    request: dict[str, Any] | None = None  # one request with n: {"n", "choice", "seed"} of the reply it got
 
     @classmethod
     def failed(cls, reason: str, detail: str, **fields: Any) -> Episode:
@@ -135,6 +136,28 @@ class Policy(ABC):
 
     async def close(self) -> None:  # noqa: B027  (optional hook)
         """Called once after the last sample."""
+
+    def separate_because(self, task: Any) -> str | None:
+        """Why the samples of one prompt of ``task`` go one request each; None: one request with ``n`` may serve
+        them all (``run_choices``)."""
+        return "an in-process engine batches concurrent samples itself"
+
+    async def run_choices(self, task: Any, row: dict[str, Any], params: list[SamplingParams]) -> list[Episode]:
+        """Play ``len(params)`` episodes of one row whose first replies come from one request with ``n``; called
+        only where ``separate_because`` is None.
+
+        Args:
+            task, row: as for ``run``.
+            params: each sample's parameters; the request is sent with the first one's seed.
+
+        Returns:
+            One episode per entry of ``params``, in order.
+        """
+        raise NotImplementedError(f"{type(self).__name__} sends every sample as a request of its own")
+
+    def requests(self, env_id: str) -> dict[str, int]:
+        """How many requests served ``env_id``'s samples in this run, by kind (``n_requests``, ``single_requests``)."""
+        return {}
 
     @abstractmethod
     async def run(self, task: Any, row: dict[str, Any], params: SamplingParams) -> Episode:

@@ -1,8 +1,11 @@
 """The one eval loop that ``molt-env eval``, ``molt-train eval`` and the trainer's periodic eval share.
 
-``evaluate`` plays ``n`` samples of every row of every env through a ``Policy``, at most ``concurrency`` at a time,
-each under its own ``timeout_s``; stores each sample as it finishes (durably, with an output directory); skips the
-samples a previous run already stored; then writes ``summary.json``, ``report.md`` and ``report.png``.
+``evaluate`` plays ``n`` samples of every row of every env through a ``Policy``, at most ``concurrency`` requests
+(a sample, or a prompt's samples sent as one request with ``n``) at a time, each sample under its own ``timeout_s``;
+stores each sample as it finishes (durably, with an output directory); skips the samples a previous run already
+stored (of a prompt partly stored, only the missing ones are requested); then writes ``summary.json``,
+``report.md`` and ``report.png``. ``summary.json``'s ``requests`` says, per env, whether one request with ``n``
+per prompt or one request per sample was used, and why.
 """
 
 from __future__ import annotations
@@ -58,11 +61,16 @@ async def evaluate(
         "started": now(),
     }
     store.begin(header, RESUME_MUST_MATCH)
-    todo = [job for job in _jobs(tasks, settings.n) if not store.has((job[0].env_id, job[1], job[2]))]
+    todo = [
+        (task, prompt_id, [s for s in range(settings.n) if not store.has((task.env_id, prompt_id, s))])
+        for task in tasks
+        for prompt_id in range(len(task.rows))
+    ]
+    todo = [job for job in todo if job[2]]
     wall = time.perf_counter()
     await policy.start()
     try:
-        jobs = iter(todo)
+        jobs = _jobs(todo, policy)
         await asyncio.gather(*(_worker(jobs, policy, settings, store, on_sample) for _ in range(settings.concurrency)))
     finally:
         await policy.close()
@@ -72,10 +80,11 @@ async def evaluate(
         "model": policy.name,
         "started": store.header["started"],
         "finished": now(),
-        "samples_this_run": len(todo),
+        "samples_this_run": (done := sum(len(job[2]) for job in todo)),
         "wall_s_this_run": wall,
-        "samples_per_s_this_run": len(todo) / wall if wall > 0 and todo else None,
+        "samples_per_s_this_run": done / wall if wall > 0 and done else None,
         "concurrency": settings.concurrency,
+        "requests": {t.env_id: _requests(t, policy, settings.n) for t in tasks},
         **settings.extra,
     }
     summary = summarize(tasks, store.records, settings, ks, run)
@@ -86,19 +95,61 @@ async def evaluate(
     return summary
 
 
-def _jobs(tasks: Sequence[EnvTask], n: int) -> Iterator[tuple[EnvTask, int, int]]:
-    for task in tasks:
-        for prompt_id in range(len(task.rows)):
-            for sample in range(n):
-                yield task, prompt_id, sample
+def _jobs(todo, policy: Policy) -> Iterator[tuple[EnvTask, int, list[int]]]:
+    """A prompt's missing samples as one job (one request with ``n``) where the policy allows it, else one job each;
+    decided as each prompt comes up, so a refusal of ``n`` applies to every prompt after it."""
+    for task, prompt_id, missing in todo:
+        if len(missing) > 1 and policy.separate_because(task) is None:
+            yield task, prompt_id, missing
+        else:
+            for sample in missing:
+                yield task, prompt_id, [sample]
+
+
+def _requests(task: EnvTask, policy: Policy, n: int) -> dict[str, Any]:
+    """How this run requested ``task``'s samples: ``mode`` n / separate / mixed, the counts, and why separate."""
+    counts = policy.requests(task.env_id)
+    why = "n is 1" if n == 1 else policy.separate_because(task)
+    several, single = counts.get("n_requests", 0), counts.get("single_requests", 0)
+    mode = "mixed" if several and single else "n" if several or why is None else "separate"
+    return {"mode": mode, "n_requests": several, "single_requests": single, "why_separate": why}
 
 
 async def _worker(jobs, policy: Policy, settings: EvalSettings, store: SampleStore, on_sample) -> None:
-    for task, prompt_id, sample in jobs:
-        record = await play(task, prompt_id, sample, policy, settings)
-        await store.add(record)
-        if on_sample is not None:
-            on_sample(record)
+    for task, prompt_id, samples in jobs:
+        if len(samples) == 1:
+            records = [await play(task, prompt_id, samples[0], policy, settings)]
+        else:
+            records = await play_choices(task, prompt_id, samples, policy, settings)
+        for record in records:
+            await store.add(record)
+            if on_sample is not None:
+                on_sample(record)
+
+
+async def play_choices(
+    task: EnvTask, prompt_id: int, samples: list[int], policy: Policy, settings: EvalSettings
+) -> list[dict[str, Any]]:
+    """Samples of one prompt whose replies come from one request with ``n`` (``Policy.run_choices``), as records."""
+    row = task.rows[prompt_id]
+    seeds = [sample_seed(settings.seed, task.env_id, prompt_id, s) for s in samples]
+    params = [settings.base_params().updated(seed=seed) for seed in seeds]
+    start = time.perf_counter()
+    try:
+        episodes = await asyncio.wait_for(policy.run_choices(task, row, params), settings.timeout_s)
+    except TimeoutError:
+        episodes = [
+            Episode.failed("timeout", f"the samples ran past --timeout {settings.timeout_s:g} s") for _ in samples
+        ]
+    except Exception as exc:  # a policy bug must not lose the samples: each is recorded like any failure
+        episodes = [Episode.failed(policy.generate_reason, f"{type(exc).__name__}: {exc}") for _ in samples]
+    latency = time.perf_counter() - start
+    records = []
+    for sample, seed, episode in zip(samples, seeds, episodes, strict=True):
+        if episode.failure is None:
+            episode.failure = invalid_action(episode.info)
+        records.append(record_of(task, prompt_id, sample, seed, row, episode, latency))
+    return records
 
 
 async def play(task: EnvTask, prompt_id: int, sample: int, policy: Policy, settings: EvalSettings) -> dict[str, Any]:
@@ -146,4 +197,5 @@ def record_of(
         "failure": None if failure is None else {"reason": failure.reason, "detail": failure.detail},
         "latency_s": latency,
         "finished": now(),
+        **({"request": episode.request} if episode.request else {}),
     }

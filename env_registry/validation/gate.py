@@ -5,7 +5,10 @@ module as a process of its own (``python -m env_registry.validation.gate``), nev
 a server process: it takes the pending releases oldest first, runs ``validate`` on each one's stored wheel (the
 package's import and grader run only inside the sandbox jail, see ``validate``), and stores ``passed`` or
 ``failed`` with the report. Pending releases live in the database, so a gate that was stopped mid-validation takes
-them up again when the server next starts with ``--validate``. The gate exits when its stdin closes (the server
+them up again when the server next starts with ``--validate`` (once its old claim's lease ran out). Several gates
+may share one database (replicas, each ``--validate``): each release is claimed by one of them
+(``ValidationStates.claim_validation``), whose claim is renewed every ``lease / 3`` while it validates, so a release
+is validated once however many gates see it pending. The gate exits when its stdin closes (the server
 that started it is gone), taking its pip and jail children with it.
 """
 
@@ -14,9 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import sys
 import threading
 import traceback
+import uuid
 from collections.abc import Sequence
 
 from env_registry.store import LocalRegistry
@@ -26,9 +31,12 @@ from env_registry.validation_states import FAILED, PASSED
 
 POLL_S = 1.0
 RETRY_S = 10.0
+LEASE_S = 120.0  # a claim not renewed for this long (its gate died) is taken over
 
 
-def validate_release(registry: LocalRegistry, package: str, version: str, timeout_s: float) -> ValidationReport:
+def validate_release(
+    registry: LocalRegistry, package: str, version: str, timeout_s: float, claimant: str | None = None
+) -> ValidationReport:
     """Validate one stored release's wheel and store the verdict; returns the report.
 
     Args:
@@ -36,6 +44,7 @@ def validate_release(registry: LocalRegistry, package: str, version: str, timeou
         package: the release's package.
         version: its version.
         timeout_s: wall-clock limit of the jailed checks.
+        claimant: the gate whose claim the verdict is stored under (None: unconditionally).
     """
     info = registry.release(package, version)
     wheel = registry.file_path(info.package, info.wheel.filename)
@@ -47,18 +56,32 @@ def validate_release(registry: LocalRegistry, package: str, version: str, timeou
         report.add("validation ran", False, f"the validator crashed: {tail}; publish a new version to retry")
         report.finished = now()
     report.target = f"{info.package} {info.version} ({wheel.name})"  # not the server's file path
-    registry.set_validation(info.package, info.version, PASSED if report.ok else FAILED, report.to_json())
+    status = PASSED if report.ok else FAILED
+    if not registry.set_validation(info.package, info.version, status, report.to_json(), claimant):
+        report.add("verdict stored", False, "another gate took the release over (this gate's claim had expired)")
     return report
 
 
-def run(registry: LocalRegistry, timeout_s: float, stop: threading.Event) -> None:
-    """Validate pending releases until ``stop`` is set. A database or file-store error is printed and retried
-    (the release stays pending), so the gate outlives a database restart."""
+def run(registry: LocalRegistry, timeout_s: float, stop: threading.Event, lease_s: float = LEASE_S) -> None:
+    """Validate pending releases until ``stop`` is set, each only once this gate's claim on it won. A database or
+    file-store error is printed and retried (the release stays pending), so the gate outlives a database restart."""
+    claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
     while not stop.is_set():
         try:
             pending = registry.pending_validations()
             for info in pending:
-                report = validate_release(registry, info.package, info.version, timeout_s)
+                if not registry.claim_validation(info.package, info.version, claimant, lease_s):
+                    continue  # another gate validates it
+                done = threading.Event()
+                renew = threading.Thread(
+                    target=_renew, args=(registry, info.package, info.version, claimant, lease_s, done), daemon=True
+                )
+                renew.start()
+                try:
+                    report = validate_release(registry, info.package, info.version, timeout_s, claimant)
+                finally:
+                    done.set()
+                    renew.join()
                 print(f"validated {info.package} {info.version}: {PASSED if report.ok else FAILED}", flush=True)
                 if stop.is_set():
                     return
@@ -68,6 +91,15 @@ def run(registry: LocalRegistry, timeout_s: float, stop: threading.Event) -> Non
             continue
         if not pending:
             stop.wait(POLL_S)
+
+
+def _renew(registry: LocalRegistry, package: str, version: str, claimant: str, lease_s: float, done) -> None:
+    """Renew the claim every third of the lease until ``done`` (a failed renewal is retried at the next tick)."""
+    while not done.wait(lease_s / 3):
+        try:
+            registry.claim_validation(package, version, claimant, lease_s)
+        except Exception as exc:
+            print(f"publish gate: renewing the claim on {package} {version}: {exc}", file=sys.stderr, flush=True)
 
 
 def _exit_with_stdin() -> None:
@@ -81,11 +113,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--root", required=True, help="the registry directory")
     parser.add_argument("--db", help="the registry database URL (default: the SQLite file in --root)")
     parser.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of each package's checks (s)")
+    parser.add_argument("--lease", type=float, default=LEASE_S, help="seconds before a dead gate's claim is taken over")
     args = parser.parse_args(argv)
     registry = LocalRegistry(args.root, label="this registry", db=args.db)
     threading.Thread(target=_exit_with_stdin, daemon=True).start()
     try:
-        run(registry, args.timeout, threading.Event())
+        run(registry, args.timeout, threading.Event(), args.lease)
     finally:
         registry.close()
     return 0

@@ -13,6 +13,7 @@ from molt_train.algorithms.estimators import (
     whiten,
 )
 from molt_train.algorithms.is_correction import (
+    IS_GATINGS,
     IS_LEVELS,
     IS_MODES,
     is_correction,
@@ -29,12 +30,15 @@ from molt_train.algorithms.losses import (
     ppo_loss,
     register_policy_loss,
     unit_token_counts,
+    value_loss,
 )
 from molt_train.algorithms.masked import masked_mean
 from molt_train.algorithms.rewards import dynamic_filtering, shape_rewards
+from molt_train.algorithms.score_centering import centering_term
 
 __all__ = [
     "ESTIMATORS",
+    "IS_GATINGS",
     "IS_LEVELS",
     "IS_MODES",
     "KL_ESTIMATORS",
@@ -43,6 +47,7 @@ __all__ = [
     "AdvantageInputs",
     "aggregate",
     "approx_kl",
+    "centering_term",
     "dynamic_filtering",
     "get_estimator",
     "get_policy_loss",
@@ -56,5 +61,6 @@ __all__ = [
     "register_policy_loss",
     "shape_rewards",
     "unit_token_counts",
+    "value_loss",
     "whiten",
 ]

@@ -20,6 +20,10 @@ gamma) to the advantage of token t: ``reinforce`` folds it into its returns;
 the group estimators add it to the broadcast per-rollout advantage, after the
 group baseline and before whitening. The baseline stays one of task rewards.
 
+``gae`` (PPO with a critic) takes ``reinforce``'s per-token rewards and the critic's ``values`` (see ``gae``).
+``on_policy_distill`` has no task reward at all: its advantage is the per-token KL reward ``-beta * kl_t`` itself
+(``kl`` = log pi_old - log pi_teacher, k1), not summed, not whitened.
+
 Whitening (``reinforce``, ``reinforce_baseline``; off with ``no_whiten``):
 ``(X - mu) * rsqrt(max(var, 1e-8))`` where mu and the (biased) var are taken
 over all action tokens of the batch; non-action positions stay 0.
@@ -54,8 +58,9 @@ class AdvantageInputs:
     group_ids: N prompt-group ids. rollout_ids: N rollout ids.
     kl: (N, L) per-token KL (``approx_kl(logp_old, logp_ref, ...)``) or None;
         a per-token reward ``-kl_coef * kl`` for every estimator.
-    gamma: discount of ``reinforce`` (applied per dense position).
-    no_whiten: skip whitening in ``reinforce`` / ``reinforce_baseline``.
+    gamma: discount of ``reinforce`` and ``gae`` (``reinforce``: per dense position; ``gae``: per action token).
+    no_whiten: skip whitening in ``reinforce`` / ``reinforce_baseline`` / ``gae``.
+    values: (N, L) the critic's V of each position (``gae``). lam: GAE's lambda.
     """
 
     rewards: Tensor
@@ -66,6 +71,8 @@ class AdvantageInputs:
     kl_coef: float = 0.0
     gamma: float = 1.0
     no_whiten: bool = False
+    values: Tensor | None = None
+    lam: float = 1.0
 
     def __post_init__(self) -> None:
         n = self.rewards.shape[0]
@@ -84,6 +91,12 @@ class AdvantageInputs:
             raise ValueError(f"kl must match action_mask {tuple(self.action_mask.shape)}, got {tuple(self.kl.shape)}")
         if not 0.0 < self.gamma <= 1.0:
             raise ValueError(f"gamma must be in (0, 1], got {self.gamma}")
+        if self.values is not None and self.values.shape != self.action_mask.shape:
+            raise ValueError(
+                f"values must match action_mask {tuple(self.action_mask.shape)}, got {tuple(self.values.shape)}"
+            )
+        if not 0.0 <= self.lam <= 1.0:
+            raise ValueError(f"lam must be in [0, 1], got {self.lam}")
 
 
 Estimator = Callable[[AdvantageInputs], tuple[Tensor, Tensor]]
@@ -146,13 +159,7 @@ def reinforce(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     multi-turn row included); they carry no reward of their own.
     """
     mask = inputs.action_mask
-    token_rewards = kl_rewards(inputs)
-    last_action = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)
-    has_action = mask.any(1)
-    rows = torch.arange(mask.shape[0], device=mask.device)[has_action]
-    rewards = inputs.rewards.float().to(mask.device)
-    token_rewards[rows, last_action[has_action]] += rewards[has_action]
-    returns = returns_to_go(token_rewards, inputs.gamma)
+    returns = returns_to_go(token_rewards(inputs), inputs.gamma)
     returns = torch.where(mask, returns, torch.zeros_like(returns))
     advantages = returns if inputs.no_whiten else whiten(returns, mask)
     return advantages, returns
@@ -252,4 +259,51 @@ def dr_grpo(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     """A = R - mean(R of the group), no std scaling, no whitening."""
     rollouts = _GroupedRollouts.from_inputs(inputs)
     advantages = rollouts.broadcast(rollouts.reward - rollouts.group_mean, inputs)
+    return advantages, advantages
+
+
+def token_rewards(inputs: AdvantageInputs) -> Tensor:
+    """``reinforce``'s per-token reward: ``-beta * kl_t`` plus the row's reward on its last action token."""
+    mask = inputs.action_mask
+    rewards_t = kl_rewards(inputs)
+    last_action = mask.shape[1] - 1 - mask.flip(1).int().argmax(1)
+    has_action = mask.any(1)
+    rows = torch.arange(mask.shape[0], device=mask.device)[has_action]
+    rewards = inputs.rewards.float().to(mask.device)
+    rewards_t[rows, last_action[has_action]] += rewards[has_action]
+    return rewards_t
+
+
+@register_estimator("gae")
+def gae(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """PPO's GAE over the critic's ``values``: r_t as ``reinforce``; ``delta_t = r_t + gamma*V_next - V_t``,
+    ``A_t = delta_t + gamma*lam*A_next`` with V and A after the last action token 0. Non-action positions are
+    transparent: the running A and the bootstrap V are carried across an observation gap. Returns = A + V (the
+    critic's target, not whitened); advantages = whiten(A) unless ``no_whiten``."""
+    if inputs.values is None:
+        raise ValueError("gae needs the critic's values (AdvantageInputs.values)")
+    mask = inputs.action_mask
+    rewards_t = token_rewards(inputs)
+    values = torch.where(mask, inputs.values.float().to(mask.device), torch.zeros_like(rewards_t))
+    advantages = torch.zeros_like(rewards_t)
+    running = torch.zeros(mask.shape[0], device=mask.device)
+    next_value = torch.zeros_like(running)
+    for t in reversed(range(mask.shape[1])):
+        acting = mask[:, t]
+        delta = rewards_t[:, t] + inputs.gamma * next_value - values[:, t]
+        step = delta + inputs.gamma * inputs.lam * running
+        running = torch.where(acting, step, running)
+        next_value = torch.where(acting, values[:, t], next_value)
+        advantages[:, t] = torch.where(acting, step, torch.zeros_like(step))
+    returns = torch.where(mask, advantages + values, torch.zeros_like(values))
+    return (advantages if inputs.no_whiten else whiten(advantages, mask)), returns
+
+
+@register_estimator("on_policy_distill")
+def on_policy_distill(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """A_t = -beta * (log pi_old - log pi_teacher)_t: the per-token reverse KL to the teacher (``kl``, k1) is the
+    whole signal; the task reward is ignored, nothing is whitened. Needs ``kl`` (the teacher is the reference)."""
+    if inputs.kl is None or inputs.kl_coef == 0.0:
+        raise ValueError("on_policy_distill needs the per-token KL to the teacher (kl) and a kl_coef > 0")
+    advantages = kl_rewards(inputs)
     return advantages, advantages

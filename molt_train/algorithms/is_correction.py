@@ -17,6 +17,11 @@ is turned into a per-token weight that multiplies the per-token policy loss:
   ``clip`` weight = clamp(U, low, high), ``trunc`` weight = min(U, high).
   ``seq``/``geo`` are rejection filters and allow only ``mask``.
 - ``threshold``: ``(low, high)``, or a single value = upper bound only (low = 0).
+- ``gating``: what the unit is gated on. ``ratio`` (default): U above, against the band. ``binary_kl``: the
+  unit's KL estimate D, kept iff ``D <= high`` (one value: the KL bound, e.g. 5e-3), with the per-token k3
+  estimate ``k_t = u_t - 1 - log u_t`` of KL(pi_rollout || pi_old): ``token`` D = k_t, ``seq`` D = sum_t k_t
+  (the sequence's KL: it adds over tokens), ``geo`` D = mean_t k_t. A binary gate only keeps or drops (mode
+  ``mask``); kept tokens keep the exact ratio u_t (the FlashREINFORCE recipe: ``seq`` + ``binary_kl``).
 
 Named schemes: TIS = token+trunc, IcePop = token+mask, seq-mask-tis = geo+mask.
 """
@@ -34,6 +39,7 @@ from molt_train.algorithms.masked import masked_mean
 
 IS_LEVELS = ("off", "token", "seq", "geo")
 IS_MODES = ("mask", "clip", "trunc")
+IS_GATINGS = ("ratio", "binary_kl")
 LOG_RATIO_LIMIT = 20.0
 ALL_DROPPED_WARNING = 0.999
 
@@ -61,6 +67,7 @@ def is_correction(
     level: str,
     mode: str,
     threshold: float | Sequence[float] = (0.5, 5.0),
+    gating: str = "ratio",
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Per-token IS weights (N, L), detached, 0 outside ``mask``, plus metrics.
 
@@ -76,6 +83,10 @@ def is_correction(
         return torch.where(mask, torch.ones_like(zeros), zeros), {"is_filter_ratio": zeros.sum()}
     if level in ("seq", "geo") and mode != "mask":
         raise ValueError(f"is_correction_level {level!r} needs mode 'mask', got {mode!r}")
+    if gating not in IS_GATINGS:
+        raise ValueError(f"unknown is_correction_gating {gating!r}; choose from {IS_GATINGS}")
+    if gating == "binary_kl" and mode != "mask":
+        raise ValueError(f"is_correction_gating 'binary_kl' keeps or drops a unit: it needs mode 'mask', got {mode!r}")
     low, high = parse_threshold(threshold)
 
     log_u = torch.where(mask, (logp_old - logp_rollout).detach().float(), zeros)
@@ -83,13 +94,23 @@ def is_correction(
     token_ratio = log_u.exp()
 
     metrics: dict[str, Tensor] = {}
-    if level == "token":
-        unit, unit_mask = token_ratio, mask  # (N, L)
+    if gating == "binary_kl":
+        k3 = torch.where(mask, token_ratio - 1 - log_u, zeros)
+        if level == "token":
+            unit, unit_mask = k3, mask
+        else:
+            unit = k3.sum(1) if level == "seq" else masked_mean(k3, mask, dim=1)
+            unit_mask = mask.any(1)
+            metrics["is_seq_kl_mean"] = masked_mean(unit, unit_mask)
+        outside = unit > high
     else:
-        seq_log = log_u.sum(1) if level == "seq" else masked_mean(log_u, mask, dim=1)
-        unit, unit_mask = seq_log.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp(), mask.any(1)  # (N,)
-        metrics["is_seq_ratio_mean"] = masked_mean(unit, unit_mask)
-    outside = unit > high if mode == "trunc" else (unit < low) | (unit > high)
+        if level == "token":
+            unit, unit_mask = token_ratio, mask  # (N, L)
+        else:
+            seq_log = log_u.sum(1) if level == "seq" else masked_mean(log_u, mask, dim=1)
+            unit, unit_mask = seq_log.clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT).exp(), mask.any(1)  # (N,)
+            metrics["is_seq_ratio_mean"] = masked_mean(unit, unit_mask)
+        outside = unit > high if mode == "trunc" else (unit < low) | (unit > high)
     filter_ratio = masked_mean(outside.float(), unit_mask)
     metrics["is_filter_ratio"] = filter_ratio
 
@@ -105,12 +126,13 @@ def is_correction(
 
     if mode == "mask" and unit_mask.any() and filter_ratio >= ALL_DROPPED_WARNING:
         logger.warning(
-            "IS correction (%s/%s, band [%g, %g]) dropped %.1f%% of units: almost nothing "
+            "IS correction (%s/%s, band [%g, %g], gating %s) dropped %.1f%% of units: almost nothing "
             "trains this step; widen is_correction_threshold or check the weight sync",
             level,
             mode,
             low,
             high,
+            gating,
             100 * float(filter_ratio),
         )
     return weights, metrics

@@ -97,8 +97,7 @@ def ppo_loss(
     if dual_clip is not None and dual_clip <= 1.0:
         raise ValueError(f"dual_clip must be > 1 (e.g. 10) or None to disable, got {dual_clip}")
     zeros = torch.zeros_like(logp)
-    log_ratio = torch.where(mask, logp - logp_old, zeros)
-    log_ratio = torch.nan_to_num(log_ratio, nan=0.0).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+    log_ratio = _log_ratio(logp, logp_old, mask)
     ratio = log_ratio.exp()
     advantages = torch.where(mask, advantages, zeros)
 
@@ -115,6 +114,82 @@ def ppo_loss(
     metrics = {
         "clip_ratio": masked_mean((clipped < unclipped).float(), mask),
         "dual_clip_ratio": masked_mean(dual_active.float(), mask),
+        "ppo_kl": masked_mean(-log_ratio, mask),
+    }
+    return loss_tokens, {k: v.detach() for k, v in metrics.items()}
+
+
+def _log_ratio(logp: Tensor, logp_old: Tensor, mask: Tensor) -> Tensor:
+    """``clamp(logp - logp_old, +-30)`` on action tokens (NaN -> 0), 0 elsewhere."""
+    log_ratio = torch.where(mask, logp - logp_old, torch.zeros_like(logp))
+    return torch.nan_to_num(log_ratio, nan=0.0).clamp(-LOG_RATIO_LIMIT, LOG_RATIO_LIMIT)
+
+
+@register_policy_loss("gspo")
+def gspo_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO: one ratio per sequence, ``s = exp(mean_t(logp - logp_old))`` over the row's action tokens.
+
+    It is applied per token as ``rho_t = exp(logp_t - sg(logp_t) + sg(log s))`` (value ``s``, gradient
+    ``s * grad logp_t``: each token keeps its own gradient), in the clipped surrogate
+    ``-min(rho_t*A, clip(rho_t, 1-eps_low, 1+eps_high)*A)``; the clip decision is the sequence's. Dual clip has no
+    sequence-level form and is refused. Metrics: ``clip_ratio`` (tokens of clipped rows), ``ppo_kl``.
+    """
+    if dual_clip is not None:
+        raise ValueError(f"gspo has no dual clip (got dual_clip={dual_clip}); leave it unset")
+    if eps_low < 0 or eps_high < 0:
+        raise ValueError(f"eps_low/eps_high must be >= 0, got ({eps_low}, {eps_high})")
+    zeros = torch.zeros_like(logp)
+    log_ratio = _log_ratio(logp, logp_old, mask)
+    log_s = masked_mean(log_ratio, mask, dim=1).detach()[:, None]
+    token_logp = torch.where(mask, logp, zeros)
+    ratio = (token_logp - token_logp.detach() + log_s).exp()
+    advantages = torch.where(mask, advantages, zeros)
+    unclipped = ratio * advantages
+    clipped = ratio.clamp(1 - eps_low, 1 + eps_high) * advantages
+    loss_tokens = torch.where(mask, -torch.minimum(unclipped, clipped), zeros)
+    metrics = {
+        "clip_ratio": masked_mean((clipped < unclipped).float(), mask),
+        "ppo_kl": masked_mean(-log_ratio, mask),
+    }
+    return loss_tokens, {k: v.detach() for k, v in metrics.items()}
+
+
+@register_policy_loss("cispo")
+def cispo_loss(
+    logp: Tensor,
+    logp_old: Tensor,
+    advantages: Tensor,
+    mask: Tensor,
+    *,
+    eps_low: float = 0.2,
+    eps_high: float = 1.2,
+    dual_clip: float | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO: ``-sg(min(rho, eps_high)) * A * logp``; the clipped IS weight carries no gradient, so every token
+    keeps a gradient (none is clipped away, unlike PPO). ``eps_high`` is an absolute ceiling >= 1 (e.g. 1.2);
+    ``eps_low`` is unused. Metrics: ``clip_ratio`` (tokens whose weight hit the ceiling), ``ppo_kl``.
+    """
+    del eps_low
+    if dual_clip is not None:
+        raise ValueError(f"cispo has no dual clip (got dual_clip={dual_clip}); leave it unset")
+    if eps_high < 1:
+        raise ValueError(f"cispo's eps_high is an absolute ceiling on the IS weight and must be >= 1, got {eps_high}")
+    zeros = torch.zeros_like(logp)
+    log_ratio = _log_ratio(logp, logp_old, mask)
+    weight = log_ratio.detach().exp().clamp(max=eps_high)
+    advantages = torch.where(mask, advantages, zeros)
+    loss_tokens = torch.where(mask, -weight * advantages * torch.where(mask, logp, zeros), zeros)
+    metrics = {
+        "clip_ratio": masked_mean((log_ratio.exp() > eps_high).float(), mask),
         "ppo_kl": masked_mean(-log_ratio, mask),
     }
     return loss_tokens, {k: v.detach() for k, v in metrics.items()}
@@ -198,3 +273,28 @@ def kl_loss(
     policy loss's aggregation mode. The caller adds ``beta * kl_loss(...)``.
     """
     return aggregate(approx_kl(logp, logp_ref, estimator), mask, num_tokens=num_tokens)
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    mask: Tensor,
+    *,
+    value_clip: float | None = 0.2,
+    num_tokens: float | Tensor | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """The critic's clipped value loss ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, +-c) - R)^2)``, token-mean
+    over the window's ``num_tokens`` (``value_clip`` None: the plain ``0.5 * (V - R)^2``). Metrics:
+    ``critic/clip_frac`` (tokens where the clipped branch is larger), ``critic/value_mean``."""
+    zeros = torch.zeros_like(values)
+    error = torch.where(mask, values - returns, zeros) ** 2
+    clipped_frac = zeros
+    if value_clip is not None:
+        clipped = old_values + (values - old_values).clamp(-value_clip, value_clip)
+        clipped_error = torch.where(mask, clipped - returns, zeros) ** 2
+        clipped_frac = (clipped_error > error).float()
+        error = torch.maximum(error, clipped_error)
+    loss = aggregate(0.5 * error, mask, num_tokens=num_tokens)
+    metrics = {"critic/clip_frac": masked_mean(clipped_frac, mask), "critic/value_mean": masked_mean(values, mask)}
+    return loss, {k: v.detach() for k, v in metrics.items()}

@@ -10,6 +10,10 @@ filtering: the quantity the trainer recomputes. Temperature 0 means greedy, with
 A vision model's requests carry ``VisionInputs`` (the processor's image tensors, aligned with the image placeholders
 in the prompt ids): the prefill forward consumes them, concatenated in row order, and the positions are the
 model's own (M-RoPE for Qwen2-VL-family models, ``molt_train.models.multimodal``); decode steps read the KV cache.
+
+With ``top_logprobs=k`` (score centering) the engine also records each generated token's top-k candidates and
+their log-probs, in ``Generation.extra["top_logprobs"]`` and in ``top_table``, keyed by (prompt ids, generated ids),
+where the rollout worker finds them for the trajectories a runner assembled (``pop_top_logprobs``).
 """
 
 from __future__ import annotations
@@ -41,11 +45,26 @@ class HFEngine:
     """``tokenizer``: the model's tokenizer, or a vision model's processor (``processor`` keeps what was given, which
     is what runners take; ``tokenizer`` is always the text tokenizer)."""
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, batch_window_s: float = 0.005) -> None:
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 64,
+        batch_window_s: float = 0.005,
+        top_logprobs: int = 0,
+    ) -> None:
         self.model = model.eval()
         self.processor = tokenizer
         tokenizer = self.tokenizer = text_tokenizer(tokenizer)
         self.reads_images = is_vision_config(model.config)
+        if top_logprobs > len(tokenizer):
+            raise ValueError(
+                f"top_logprobs {top_logprobs} exceeds the vocabulary ({len(tokenizer)} tokens); lower "
+                "--algo.advantage.score_centering_top_k"
+            )
+        self.top_logprobs = top_logprobs
+        self.top_table: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.eos_token_ids = _eos_ids(model, tokenizer)
@@ -193,10 +212,13 @@ class HFEngine:
         stops = [set(p.stop_token_ids if p.stop_token_ids is not None else self.eos_token_ids) for p in params]
         tokens: list[list[int]] = [[] for _ in range(n)]
         logps: list[list[float]] = [[] for _ in range(n)]
+        tops: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: (n, k) log-probs, ids
         finish = ["length" if p.max_tokens == 0 else "" for p in params]
         for step in range(steps):
             banned = [(i, stops[i]) for i, p in enumerate(params) if step < p.min_tokens and not finish[i]]
             chosen, chosen_logp = rows.sample(logits, step, banned)
+            if self.top_logprobs:
+                tops.append(torch.log_softmax(logits / rows.scale, dim=-1).topk(self.top_logprobs, dim=-1))
             next_ids = torch.where(torch.tensor([not f for f in finish], device=device), chosen, self.pad_token_id)
             for i, (token, logp) in enumerate(zip(chosen.tolist(), chosen_logp.tolist(), strict=True)):
                 if finish[i]:
@@ -219,7 +241,20 @@ class HFEngine:
                 **{self._cache_arg: cache},
             )
             cache, logits = getattr(out, self._cache_arg), out.logits[:, -1, :].float()
-        return [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish, strict=True)]
+        outputs = [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish, strict=True)]
+        if self.top_logprobs:
+            values = torch.stack([v for v, _ in tops], 1).cpu()  # (n, steps, k)
+            ids = torch.stack([i for _, i in tops], 1).cpu()
+            for i, out in enumerate(outputs):
+                top = (ids[i, : len(out.token_ids)], values[i, : len(out.token_ids)])
+                out.extra["top_logprobs"] = top
+                self.top_table[(tuple(requests[i][0]), tuple(out.token_ids))] = top
+        return outputs
+
+    def pop_top_logprobs(self, prompt_ids: list[int], token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The (ids, log-probs), each (len(token_ids), k), recorded when ``token_ids`` were generated after
+        ``prompt_ids``; None if this engine generated no such continuation."""
+        return self.top_table.pop((tuple(prompt_ids), tuple(token_ids)), None)
 
 
 class _RowParams:

@@ -44,6 +44,7 @@ import os
 import pickle
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -53,7 +54,7 @@ from molt_envs.vision import MAX_IMAGES, VisionInputs
 from molt_train.engines.weight_buckets import BUCKET_BYTES, pack, plan_buckets, share
 
 if TYPE_CHECKING:
-    from molt_train.config import VLLMConfig
+    from molt_train.engine_config import VLLMConfig
 
 WORKER_EXTENSION = "molt_train.engines.vllm_worker.WeightSyncExtension"
 VLLM_INSTALL_HINT = (
@@ -95,6 +96,19 @@ def engine_kwargs(options: VLLMConfig, model: str, seed: int = 0) -> dict[str, A
     if options.mtp_num_speculative_tokens:
         kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": options.mtp_num_speculative_tokens}
     return kwargs
+
+
+LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM accepts
+
+
+def lora_kwargs(lora_rank: int) -> dict[str, Any]:
+    """``vllm.AsyncEngineArgs`` that let the engine serve one LoRA adapter of rank ``lora_rank`` (0: none)."""
+    if not lora_rank:
+        return {}
+    fitting = [r for r in LORA_RANKS if r >= lora_rank]
+    if not fitting:
+        raise ValueError(f"--model.lora_dim {lora_rank} exceeds the largest LoRA rank vLLM serves ({LORA_RANKS[-1]})")
+    return {"enable_lora": True, "max_lora_rank": fitting[0], "max_loras": 1}
 
 
 def sampling_kwargs(params: SamplingParams, default_stop_ids: Sequence[int]) -> dict[str, Any]:
@@ -177,6 +191,7 @@ class VLLMEngine:
         seed: int = 0,
         tokenizer: Any = None,
         extra_args: dict[str, Any] | None = None,
+        lora_rank: int = 0,
     ) -> None:
         try:
             from vllm import AsyncEngineArgs
@@ -192,7 +207,7 @@ class VLLMEngine:
         # a forked engine process cannot use CUDA once this process has (a colocated trainer always has)
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         n = self.options.num_engines
-        kwargs = {**engine_kwargs(options, model_path, seed), **(extra_args or {})}
+        kwargs = {**engine_kwargs(options, model_path, seed), **lora_kwargs(lora_rank), **(extra_args or {})}
         self.reads_images = getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
         if self.reads_images:
             kwargs["limit_mm_per_prompt"] = {"image": MAX_IMAGES, "video": 0}
@@ -204,6 +219,7 @@ class VLLMEngine:
             self.shutdown()  # the engines already up would otherwise hold their GPU memory until this process exits
             raise
         self.weight_version = 0
+        self.lora_request: Any = None  # LoRA runs: the policy's current adapter (None: the base = a fresh adapter)
         self.stats = {"requests": 0, "generated_tokens": 0, "syncs": 0, "requests_per_engine": [0] * n}
         self.last_sync: dict[str, float] = {"wait_s": 0.0, "copy_s": 0.0, "bytes": 0, "buckets": 0}
         self._ids = itertools.count()
@@ -241,7 +257,9 @@ class VLLMEngine:
         self.stats["requests_per_engine"][index] += 1
         try:
             final = None
-            async for output in self.llms[index].generate(prompt, request, f"molt-{next(self._ids)}"):
+            async for output in self.llms[index].generate(
+                prompt, request, f"molt-{next(self._ids)}", lora_request=self.lora_request
+            ):
                 final = output  # FINAL_ONLY: one output, when the request is done
         finally:
             self._inflight[index] -= 1
@@ -281,6 +299,22 @@ class VLLMEngine:
                 del bucket
             torch.cuda.ipc_collect()
             return moved, buckets
+
+        return await self._exclusive_sync(load)
+
+    async def load_lora_adapter(self, adapter_dir: str) -> int:
+        """LoRA runs: serve the PEFT adapter in ``adapter_dir`` (the trainer's current one) to requests submitted
+        from now on; requests in flight (paused ones too) keep the adapter they were submitted with. Returns the
+        adapter's bytes."""
+        from vllm.lora.request import LoRARequest
+
+        path = Path(adapter_dir)
+        nbytes = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+
+        async def load() -> tuple[int, int]:
+            version = self.weight_version + 1  # a fresh LoRA id per version: vLLM caches adapters by id
+            self.lora_request = LoRARequest(f"molt-policy-{version}", version, str(path))
+            return nbytes, 1
 
         return await self._exclusive_sync(load)
 

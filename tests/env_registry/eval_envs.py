@@ -1,6 +1,6 @@
 """Envs the eval tests run by ``eval_envs:test/<name>-v1`` (the module registers them when imported).
 
-- ``test/coin-v1``: a sample passes when the sha256 of the model's answer starts with an even nibble, so a random
+- ``test/coin-v1`` (and ``test/coin1-v1``, the same declared single-turn): a sample passes when the sha256 of the model's answer starts with an even nibble, so a random
   tiny model passes about half the time, deterministically per sample seed. ``MOLT_TEST_FLIP=1`` inverts the grade
   (a "new grader" for ``--reverify``).
 - ``test/hang-v1``: the grader blocks its worker thread for an hour.
@@ -83,3 +83,4 @@ for name, entry, kind in (
     ("test/raw-v1", "eval_envs:RawTextEnv", "env"),
 ):
     register(name, entry, kind=kind, max_turns=3, datasets={"test": DATA, "train": DATA})
+register("test/coin1-v1", "eval_envs:CoinEnv", kind="env", max_turns=1, datasets={"test": DATA, "train": DATA})

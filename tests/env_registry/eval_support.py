@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -66,3 +67,43 @@ def samples(out: Path) -> list[dict]:
 
 def summary(out: Path, name: str = "summary.json") -> dict:
     return json.loads((out / name).read_text())
+
+
+@contextlib.contextmanager
+def front(endpoint: str, answer):
+    """A proxy in front of ``endpoint`` on a free port (yields its URL): ``answer(path, body)`` returns
+    ``(status, json)`` to answer a request itself, or None to pass it on (session URLs are rewritten to the front)."""
+    import threading
+
+    import httpx
+    import uvicorn
+    from starlette.applications import Starlette
+    from starlette.responses import JSONResponse, Response
+    from starlette.routing import Route
+
+    url: list[str] = []
+
+    async def route(request):
+        body = await request.body()
+        own = answer(request.url.path, body)
+        if own is not None:
+            return JSONResponse(own[1], status_code=own[0])
+        async with httpx.AsyncClient(timeout=None) as client:
+            reply = await client.request(
+                request.method, endpoint + request.url.path, content=body, headers={"content-type": "application/json"}
+            )
+        content = reply.content.replace(endpoint.encode(), url[0].encode())
+        return Response(content, status_code=reply.status_code, media_type="application/json")
+
+    app = Starlette(routes=[Route("/{path:path}", route, methods=["GET", "POST", "DELETE"])])
+    server = uvicorn.Server(uvicorn.Config(app, port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.01)
+    url.append(f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}")
+    try:
+        yield url[0]
+    finally:
+        server.should_exit = True
+        thread.join(10)

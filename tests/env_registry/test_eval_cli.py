@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -15,12 +16,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from eval_support import MOLT_ENV, cli_env, molt_env, samples, serve, stop, summary  # noqa: E402
+from eval_support import MOLT_ENV, cli_env, front, molt_env, samples, serve, stop, summary  # noqa: E402
 
 from env_registry.cli import main  # noqa: E402
 from env_registry.evaluation import pass_at_k  # noqa: E402
 
 COIN = "eval_envs:test/coin-v1"
+COIN1 = "eval_envs:test/coin1-v1"  # the same, declared single-turn (max_turns = 1)
 CHAT_COIN = "eval_envs:test/chat-coin-v1"
 
 
@@ -179,58 +181,110 @@ def test_a_hung_grader_is_a_counted_timeout(endpoint, tmp_path):
 def test_endpoint_errors_are_retried_then_counted(endpoint, tmp_path, capsys):
     """A flaky front of the endpoint (429, then 503, on each chat call) is retried through with back-off; a front
     that always fails is counted, one endpoint_error per sample."""
-    import threading
-
-    import httpx
-    import uvicorn
-    from starlette.applications import Starlette
-    from starlette.responses import JSONResponse, Response
-    from starlette.routing import Route
-
     seen: Counter = Counter()
-    front_url: list[str] = []
     mode = ["flaky"]
 
-    async def front(request):
-        body = await request.body()
-        chat = request.url.path.endswith("/chat/completions")
-        seen[(request.url.path, body)] += 1
-        tries = seen[(request.url.path, body)]
-        if chat and (mode[0] == "dead" or tries <= 2):
-            status = 500 if mode[0] == "dead" else (429 if tries == 1 else 503)
-            return JSONResponse({"error": {"message": "try again"}}, status_code=status)
-        async with httpx.AsyncClient(timeout=None) as client:
-            reply = await client.request(
-                request.method, endpoint + request.url.path, content=body, headers={"content-type": "application/json"}
-            )
-        content = reply.content.replace(endpoint.encode(), front_url[0].encode())  # session URLs point at the front
-        return Response(content, status_code=reply.status_code, media_type="application/json")
+    def answer(path, body):
+        seen[(path, body)] += 1
+        tries = seen[(path, body)]
+        if path.endswith("/chat/completions") and (mode[0] == "dead" or tries <= 2):
+            return (500 if mode[0] == "dead" else (429 if tries == 1 else 503)), {"error": {"message": "try again"}}
+        return None
 
-    app = Starlette(routes=[Route("/{path:path}", front, methods=["GET", "POST", "DELETE"])])
-    server = uvicorn.Server(uvicorn.Config(app, port=0, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
-    front_url.append(f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}")
-    try:
-        rc, _, err = eval_here(capsys, COIN, "--base-url", f"{front_url[0]}/v1", "--max-samples", "2", "--max-new-tokens", "4", "--out",
-                               str(tmp_path / "flaky"), "--quiet")  # fmt: skip
+    with front(endpoint, answer) as url:
+        rc, _, err = eval_here(capsys, COIN, "--base-url", f"{url}/v1", "--max-samples", "2", "--max-new-tokens", "4",
+                               "--out", str(tmp_path / "flaky"), "--quiet")  # fmt: skip
         assert rc == 0, err
         assert summary(tmp_path / "flaky")["failures"] == {}
         chats = [n for (path, _), n in seen.items() if path.endswith("/chat/completions")]
         assert chats == [3, 3]  # 429, 503, then the answer
         mode[0] = "dead"
         seen.clear()
-        rc, _, err = eval_here(capsys, COIN, "--base-url", f"{front_url[0]}/v1", "--max-samples", "2",
+        rc, _, err = eval_here(capsys, COIN, "--base-url", f"{url}/v1", "--max-samples", "2",
                                "--max-new-tokens", "4", "--max-retries", "1", "--out", str(tmp_path / "dead"), "--quiet")  # fmt: skip
         assert rc == 0, err
         assert summary(tmp_path / "dead")["failures"] == {"endpoint_error": 2}
         assert all("500" in r["failure"]["detail"] for r in samples(tmp_path / "dead"))
         assert [n for (path, _), n in seen.items() if path.endswith("/chat/completions")] == [2, 2]  # 1 retry
-    finally:
-        server.should_exit = True
-        thread.join(10)
+
+
+def test_single_turn_samples_go_as_one_request_with_n(endpoint, tmp_path, capsys):
+    """-n 4 of a single-turn env: one request with n=4 per prompt to a real molt-train serve, four samples each
+    with its own token counts; pass@k as computed by hand; a resume requests only a prompt's missing samples."""
+    chats: list[dict] = []
+
+    def count(path, body):
+        if path.endswith("/chat/completions"):
+            chats.append(json.loads(body))
+        return None
+
+    out = tmp_path / "eval"
+    with front(endpoint, count) as url:
+        rc, _, err = eval_here(capsys, COIN1, "--base-url", f"{url}/v1", "-n", "4", "--k", "1,2,4", "--max-samples",
+                               "3", "--max-new-tokens", "6", "--out", str(out), "--quiet")  # fmt: skip
+        assert rc == 0, err
+        assert [c.get("n") for c in chats] == [4, 4, 4]
+        result, records = summary(out), samples(out)
+        assert result["requests"]["test/coin1-v1"] == {
+            "mode": "n", "n_requests": 3, "single_requests": 0, "why_separate": None
+        }  # fmt: skip
+        assert len(records) == 12 and result["failures"] == {}
+        for k in (1, 2, 4):
+            assert result[f"pass@{k}"] == pytest.approx(hand_pass_at_k(records, k))
+        assert 0 < result["pass@1"] < 1
+        for prompt_id in range(3):
+            mine = [r for r in records if r["prompt_id"] == prompt_id]
+            assert sorted(r["sample"] for r in mine) == [0, 1, 2, 3]
+            assert sorted(r["request"]["choice"] for r in mine) == [0, 1, 2, 3]
+            assert all(r["request"]["n"] == 4 and r["completion_tokens"] and r["prompt_tokens"] for r in mine)
+            assert len({r["transcript"][-1]["content"] for r in mine}) > 1  # four distinct samples, not one copied
+        chats.clear()
+        rc, _, err = eval_here(capsys, COIN1, "--base-url", f"{url}/v1", "-n", "6", "--max-samples", "3",
+                               "--max-new-tokens", "6", "--out", str(out), "--quiet")  # fmt: skip
+        assert rc == 0, err
+        assert [c.get("n") for c in chats] == [2, 2, 2]  # only the missing samples 4 and 5 of each prompt
+        again = samples(out)
+        assert again[:12] == records and len(again) == 18
+        assert summary(out)["pass@6"] == pytest.approx(hand_pass_at_k(again, 6))
+
+
+def test_an_endpoint_that_refuses_n_gets_separate_requests(endpoint, tmp_path, capsys):
+    chats: list[dict] = []
+
+    def refuse_n(path, body):
+        if path.endswith("/chat/completions"):
+            chats.append(json.loads(body))
+            if chats[-1].get("n", 1) != 1:
+                return 400, {"error": {"message": "n must be 1", "type": "invalid_request_error"}}
+        return None
+
+    out = tmp_path / "eval"
+    with front(endpoint, refuse_n) as url:
+        rc, _, err = eval_here(capsys, COIN1, "--base-url", f"{url}/v1", "-n", "3", "--max-samples", "3",
+                               "--max-new-tokens", "6", "--concurrency", "1", "--out", str(out), "--quiet")  # fmt: skip
+    assert rc == 0, err
+    assert [c.get("n", 1) for c in chats] == [3] + [1] * 9  # refused once, then one request per sample
+    requests = summary(out)["requests"]["test/coin1-v1"]
+    assert requests["mode"] == "mixed" and requests["n_requests"] == 1 and requests["single_requests"] == 9
+    assert "HTTP 400" in requests["why_separate"] and "n must be 1" in requests["why_separate"]
+    records = samples(out)
+    assert len(records) == 9 and all(r["completed"] and r["completion_tokens"] for r in records)
+    assert not any("request" in r for r in records)
+    assert summary(out)["pass@3"] == pytest.approx(hand_pass_at_k(records, 3))
+
+
+def test_multi_turn_envs_and_chat_agents_send_one_request_per_sample(endpoint, tmp_path, capsys):
+    out = tmp_path / "eval"
+    rc, _, err = eval_here(capsys, "--env", COIN, "--env", CHAT_COIN, "--base-url", f"{endpoint}/v1", "-n", "2",
+                           "--max-samples", "1", "--max-new-tokens", "4", "--out", str(out), "--quiet")  # fmt: skip
+    assert rc == 0, err
+    requests = summary(out)["requests"]
+    assert requests["test/coin-v1"]["mode"] == "separate" and requests["test/coin-v1"]["single_requests"] == 2
+    assert "multi-turn" in requests["test/coin-v1"]["why_separate"]
+    assert (
+        requests["test/chat-coin-v1"]["mode"] == "separate"
+        and "chat_agent" in requests["test/chat-coin-v1"]["why_separate"]
+    )
 
 
 def test_publish_results_needs_a_registry_server(endpoint, tmp_path, capsys):

@@ -93,3 +93,64 @@ def test_the_gate_passes_a_sound_upload_and_holds_a_broken_one_back(gated, tmp_p
     assert httpx.get(f"{gated.url}/api/packages/gate-over/9.9.9/validation").status_code == 404
     log = gated.root.with_name(gated.root.name + "-serve.log").read_text()
     assert "validated gate-over 0.1.0: failed" in log and "validated gate-echo 0.1.0: passed" in log
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)
+def test_one_gate_wins_a_pending_release_and_a_dead_gates_claim_expires(tmp_path, echo, make_registry):
+    registry = make_registry(tmp_path / "registry")
+    registry.publish(echo.releases["1.0.1"], pending_validation=True)
+    assert registry.claim_validation("acme-echo", "1.0.1", "gate-a", lease_s=60, now=1000.0)
+    assert not registry.claim_validation("acme-echo", "1.0.1", "gate-b", lease_s=60, now=1030.0)  # a's claim is live
+    assert registry.claim_validation("acme-echo", "1.0.1", "gate-a", lease_s=60, now=1050.0)  # a renews it
+    assert not registry.claim_validation("acme-echo", "1.0.1", "gate-b", lease_s=60, now=1100.0)
+    assert registry.claim_validation("acme-echo", "1.0.1", "gate-b", lease_s=60, now=1111.0)  # a stopped renewing
+    assert not registry.set_validation("acme-echo", "1.0.1", PASSED, {"ok": True}, claimant="gate-a")  # too late
+    assert registry.validation("acme-echo", "1.0.1") == ("pending", None)
+    assert registry.set_validation("acme-echo", "1.0.1", FAILED, {"ok": False}, claimant="gate-b")
+    assert registry.validation("acme-echo", "1.0.1") == (FAILED, {"ok": False})
+    assert not registry.claim_validation("acme-echo", "1.0.1", "gate-c", lease_s=60)  # decided: nothing to claim
+
+
+def test_replicas_on_one_postgresql_validate_each_upload_once(tmp_path, postgres):
+    """``molt-env serve --validate --workers 2`` and a second replica's gate on the same PostgreSQL database and file
+    store: every upload is validated by exactly one gate (the server's worker processes run none)."""
+    import subprocess
+    import sys
+    import time
+
+    db = postgres.new_database()
+    root = tmp_path / "registry"
+    live = start_server(root, "--db", db, "--validate", "--workers", "2", "--validate-timeout", "180")
+    other = subprocess.Popen(
+        [sys.executable, "-m", "env_registry.validation.gate", "--root", str(root), "--db", db, "--timeout", "180"],
+        stdin=subprocess.PIPE,
+        stdout=(tmp_path / "other-gate.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        registry = ["--registry", live.url, "--token", live.token]
+        names = []
+        for i in range(3):
+            src = init(tmp_path / f"src{i}", f"twice/echo{i}-v1", package=f"twice-echo{i}")
+            published = run_cli("publish", str(src), *registry)
+            assert published.returncode == 0, published.stdout + published.stderr
+            names.append(f"twice-echo{i}")
+        deadline = time.monotonic() + 600
+        statuses: list = []
+        while time.monotonic() < deadline:
+            statuses = [
+                httpx.get(f"{live.url}/api/packages/{name}/0.1.0/validation").json()["status"] for name in names
+            ]
+            if "pending" not in statuses:
+                break
+            time.sleep(1)
+        assert statuses == [PASSED] * 3
+        time.sleep(3)  # a gate that saw a release pending has had polls enough to validate it again
+    finally:
+        other.stdin.close()
+        other.wait(30)
+        live.stop()
+    logs = root.with_name(root.name + "-serve.log").read_text() + (tmp_path / "other-gate.log").read_text()
+    for name in names:
+        assert logs.count(f"validated {name} 0.1.0:") == 1, logs

@@ -27,7 +27,8 @@ OPENAI_CASES = [
     ({"messages": [{"role": "user", "content": "x"}], "top_p": 5}, "top_p must be in (0, 1]"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, "max_tokens must be a positive integer"),
     ({"messages": [{"role": "user", "content": "x"}], "max_tokens": True}, "max_tokens must be a positive integer"),
-    ({"messages": [{"role": "user", "content": "x"}], "n": 3}, "n must be 1"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 0}, "n must be an integer in 1..128"),
+    ({"messages": [{"role": "user", "content": "x"}], "n": 129}, "n must be an integer in 1..128"),
     ({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools[0] must be"),
     ({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}, "stream must be a boolean"),
     (

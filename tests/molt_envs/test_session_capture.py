@@ -309,3 +309,63 @@ async def test_large_tokenizer_work_runs_off_the_event_loop(tiny_tokenizer):
     threads.clear()
     await session.turn(ChatRequest([{"role": "user", "content": "long " * INLINE_MAX_CHARS}], None))
     assert threads and all(name.startswith("molt-tokenize") for name in threads)
+
+
+async def test_n_choices_are_batched_engine_calls_each_recorded_with_its_own_counts(serve, tiny_engine, tiny_tokenizer):
+    """``n`` choices: one engine call each over the same prompt ids (concurrent: the engine batches them), choice i
+    from seed + i;
+    each choice carries its own usage and its own segment; the conversation continues from choice 0; a retry
+    replays every choice."""
+    engine = RecordingEngine(tiny_engine)
+    server = await serve(engine, tiny_tokenizer, params=SamplingParams(max_tokens=12))
+    session = server.open_session()
+    client = serve.openai(server, session, max_retries=0)
+    messages = [{"role": "user", "content": "Count the ducks."}]
+    reply = await chat(client, messages, n=4, temperature=1.0, seed=11, max_tokens=12)
+    assert [c.index for c in reply.choices] == [0, 1, 2, 3]
+    assert len(engine.calls) == 4 and len({tuple(p) for p, _, _ in engine.calls}) == 1
+    assert sorted(params.seed for _, params, _ in engine.calls) == [11, 12, 13, 14]
+    gens = {params.seed - 11: gen for _, params, gen in engine.calls}
+    texts = [c.message.content for c in reply.choices]
+    assert len(set(texts)) > 1  # four seeds at temperature 1 on a random tiny model
+    per_choice = [c.model_extra["usage"] for c in reply.choices]
+    for i, usage in enumerate(per_choice):
+        assert usage["completion_tokens"] == len(gens[i].token_ids)
+        assert usage["prompt_tokens"] == len(engine.calls[0][0])
+    assert reply.usage.completion_tokens == sum(u["completion_tokens"] for u in per_choice)
+    assert reply.usage.prompt_tokens == len(engine.calls[0][0])
+    assert len(session.segments) == 4  # choices 1..3, then choice 0 (the conversation goes on from it)
+    for segment, i in zip(session.segments, [1, 2, 3, 0], strict=True):
+        start, end = segment.action_ranges[0]
+        assert segment.token_ids[start:end] == gens[i].token_ids and segment.log_probs[start:end] == gens[i].log_probs
+
+    again = await chat(client, messages, n=4, temperature=1.0, seed=11, max_tokens=12)  # a retry: replayed
+    assert [c.message.content for c in again.choices] == texts and len(engine.calls) == 4
+
+    follow = [*messages, {"role": "assistant", "content": texts[0]}, {"role": "user", "content": "And now?"}]
+    one = await chat(client, follow, max_tokens=4)
+    assert "usage" not in (one.choices[0].model_extra or {})  # n=1: the standard reply
+    assert len(session.segments) == 4 and session.segments[-1].num_turns == 2  # continued choice 0's segment
+
+
+async def test_n_choices_stream_each_with_its_index(serve, tiny_engine, tiny_tokenizer):
+    server = await serve(tiny_engine, tiny_tokenizer, params=SamplingParams(max_tokens=6))
+    session = server.open_session()
+    client = serve.openai(server, session)
+    stream = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hi"}], n=3, seed=5, temperature=1.0,
+        stream=True, stream_options={"include_usage": True},
+    )  # fmt: skip
+    text, finished, usage = {0: "", 1: "", 2: ""}, set(), None
+    async for chunk in stream:
+        for choice in chunk.choices:
+            text[choice.index] += choice.delta.content or ""
+            if choice.finish_reason:
+                finished.add(choice.index)
+        usage = chunk.usage or usage
+    assert finished == {0, 1, 2} and len(session.segments) == 3
+    whole = await client.chat.completions.create(
+        model="policy", messages=[{"role": "user", "content": "hi"}], n=3, seed=5, temperature=1.0
+    )  # the same request unstreamed: a replay of the same choices
+    assert [c.message.content for c in whole.choices] == [text[0], text[1], text[2]]
+    assert usage.completion_tokens == whole.usage.completion_tokens

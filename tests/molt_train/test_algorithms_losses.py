@@ -75,8 +75,8 @@ def test_ppo_log_ratio_clamped_to_30_and_garbage_outside_mask_is_harmless():
 
 def test_policy_loss_registry():
     assert get_policy_loss("ppo") is ppo_loss
-    with pytest.raises(ValueError, match="unknown policy loss 'gspo'.*ppo"):
-        get_policy_loss("gspo")
+    with pytest.raises(ValueError, match="unknown policy loss 'grpo'.*cispo.*gspo.*ppo"):
+        get_policy_loss("grpo")
     with pytest.raises(ValueError, match="dual_clip must be > 1"):
         ppo_case([1.0], [1.0], dual_clip=0.5)
 

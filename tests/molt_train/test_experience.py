@@ -121,7 +121,7 @@ def test_prepare_shapes_rewards_filters_groups_and_estimates_advantages():
         ],
     )
     trainer = object.__new__(RLTrainer)  # prepare() is pure tensor work when no extra log-probs are needed
-    trainer.cfg, trainer.steps_per_batch, trainer.reference = cfg, 1, None
+    trainer.cfg, trainer.steps_per_batch, trainer.reference, trainer.critic = cfg, 1, None, None
     trajs = []
     for group, rewards, truncated in (("solved", (1.0, 1.0), (False, False)), ("mixed", (1.0, 0.0), (False, True))):
         for k, (reward, cut) in enumerate(zip(rewards, truncated, strict=True)):

@@ -198,3 +198,17 @@ def test_a_disaggregated_tp2_engine_receives_the_broadcast_on_both_shards(model_
     )
     assert [r["step"] for r in records] == [1, 2, 3]
     assert all(r["weight_sync/checked_params"] > 0 and r["mismatch/k3_kl"] < 1e-2 for r in records)
+
+
+def test_lora_run_serves_the_trained_adapter_after_every_step(model_dir, tmp_path):
+    """``--model.lora_dim``: the engine starts with ``enable_lora`` and after every step serves the trainer's PEFT
+    adapter directory (a fresh ``LoRARequest``). On-policy with a large learning rate, so an engine still serving
+    the base or an old adapter would show as a train/rollout mismatch far above bf16 rounding."""
+    lora = ["--model.lora_dim", "8", "--model.lora_alpha", "16", "--actor.adam.lr", "5e-2", "--train.force_sync_mode"]
+    records = run_cli(model_dir, tmp_path, *lora)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())["r"] == 8
+    assert all(r["weight_sync/bytes"] > 0 for r in records)  # the adapter directory the engine loaded
+    for r in records[1:]:  # sampled with the previous step's adapter: the trainer's policy, up to bf16
+        assert r["mismatch/k3_kl"] < 1e-2, r
+    assert sorted(p.name for p in (tmp_path / "lora_sync").iterdir()) == ["v2", "v3"]  # older ones removed

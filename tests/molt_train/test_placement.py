@@ -50,7 +50,7 @@ def test_hf_on_a_gpu_cluster_gives_each_rank_a_gpu_or_shares_them_colocated():
 
 def test_vllm_colocated_shares_rank_0s_bundle_and_syncs_by_cuda_ipc():
     p = plan(*VLLM, "--train.colocate_all", "--actor.num_gpus_per_node", "2", gpus=2)
-    assert p.bundles == ({"GPU": 1.0}, {"GPU": 1.0}) and p.strategy == "STRICT_PACK"
+    assert p.bundles == ({"GPU": 1.0}, {"GPU": 1.0}) and p.strategy == "PACK"
     assert p.trainer_bundles == (0, 1) and p.engine_bundle == 0 and p.weight_sync == "cuda_ipc"
     assert p.trainer_gpus == p.engine_gpus == COLOCATED_GPU_FRACTION  # policy + reference + engine fit one GPU
 
@@ -84,3 +84,15 @@ def test_a_cluster_short_of_gpus_is_refused_naming_the_flags():
         plan(*VLLM, gpus=1)
     with pytest.raises(RuntimeError, match="--rollout.engine vllm needs a GPU, and the Ray cluster has none"):
         plan(*VLLM, "--train.colocate_all", gpus=0)
+
+
+def test_a_gpu_rollout_worker_goes_where_its_gpu_share_is():
+    from molt_train.placement import rollout_options
+
+    assert rollout_options(None, plan("--train.colocate_all", gpus=1), 0) == {}  # spread on the CPU: test_multinode
+
+
+def test_several_rollout_workers_need_the_hf_engine(capsys):
+    with pytest.raises(SystemExit):
+        parse("rl", BASE + VLLM + ["--rollout.num_workers", "2", "--train.colocate_all"])
+    assert "--rollout.num_workers 2 needs --rollout.engine hf" in capsys.readouterr().err
