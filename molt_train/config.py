@@ -378,7 +378,7 @@ class RLConfig:
             raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
         if self.actor.model_name_or_path is None:
             raise ConfigError("--actor.model_name_or_path is required (e.g. runs/sft/hf from `molt-train sft`)")
-        check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend)
+        check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend, self.model.lora_dim)
         train = self.train
         if train.force_sync_mode and train.async_queue_size > 1:
             raise ConfigError(
@@ -485,7 +485,7 @@ class SFTConfig:
             )
         if self.train.batch_size < 1:
             raise ConfigError(f"--train.batch_size must be >= 1, got {self.train.batch_size}")
-        check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend)
+        check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend, self.model.lora_dim)
         if self.model.lora_dim and self.model.config is not None:
             raise ConfigError(
                 "--model.lora_dim trains adapters over a pretrained model; --model.config tiny builds an untrained "

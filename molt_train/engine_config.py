@@ -58,8 +58,9 @@ class VLLMConfig:
 
 
 def validate_engine(cfg: RLConfig) -> None:
-    """``--rollout.engine`` and what goes with it: vllm runs single-GPU engines, colocated (CUDA IPC weight
-    sync) or on a GPU of their own (NCCL); a partial rollout is the vllm engine's pause/resume."""
+    """``--rollout.engine`` and what goes with it: vllm runs engines colocated (CUDA IPC weight sync) or on GPUs
+    of their own (NCCL), one GPU each or one engine of tensor_parallel_size x data_parallel_size GPUs
+    (``check_engine_parallel``); a partial rollout is the vllm engine's pause/resume."""
     engine, train, vllm = cfg.rollout.engine, cfg.train, cfg.vllm
     if train.partial_rollout_enable and engine != "vllm":
         raise ConfigError(

@@ -60,8 +60,9 @@ class FSDPConfig:
     )
 
 
-def check_fsdp(fsdp: FSDPConfig, num_workers: int, backend: str) -> None:
-    """Refuse a split the ranks cannot make, naming the flags (the model's head counts are checked at load)."""
+def check_fsdp(fsdp: FSDPConfig, num_workers: int, backend: str, lora_dim: int = 0) -> None:
+    """Refuse a split the ranks cannot make, naming the flags (the model's head counts are checked at load);
+    ``lora_dim``: ``--model.lora_dim`` (PEFT adapters wrap the projections the TP plan splits)."""
     from molt_train.flags import ConfigError
 
     if num_workers % fsdp.tp_size:
@@ -84,6 +85,11 @@ def check_fsdp(fsdp: FSDPConfig, num_workers: int, backend: str) -> None:
         raise ConfigError(
             f"--fsdp.tp_size {fsdp.tp_size} splits transformers' decoder layers (--actor.backend hf); "
             f"--actor.backend {backend} is not split here: use --fsdp.tp_size 1"
+        )
+    if fsdp.tp_size > 1 and lora_dim:
+        raise ConfigError(
+            f"--fsdp.tp_size {fsdp.tp_size} splits the decoder's nn.Linear projections, which --model.lora_dim "
+            f"{lora_dim} wraps in PEFT adapter layers the split does not cover: drop one of them"
         )
 
 

@@ -112,6 +112,10 @@ REFUSED = [
     (["--fsdp.offload", "params"], "--fsdp.offload 'params' is unknown"),
     (["--fsdp.cp_size", "2"], "--fsdp.cp_size 2: context parallelism is not built"),
     (["--fsdp.ep_size", "8"], "--fsdp.ep_size 8: expert parallelism is not built"),
+    (
+        ["--actor.num_workers", "2", "--fsdp.tp_size", "2", "--model.lora_dim", "8"],
+        "--model.lora_dim 8 wraps in PEFT adapter layers the split does not cover",
+    ),
 ]
 
 
