@@ -39,6 +39,7 @@ from molt_train.data import check_env_mix
 from molt_train.engine_config import VLLMConfig, validate_engine
 from molt_train.engines.vllm import VLLM_INSTALL_HINT
 from molt_train.flags import ConfigError, group, option
+from molt_train.parallel import FSDPConfig, check_fsdp
 
 __all__ = [
     "COMMANDS",
@@ -337,6 +338,7 @@ class RLConfig:
     env: tuple[str, ...] = option((), ENV_HELP, repeat=True)
     ray: RayConfig = group(RayConfig)
     actor: ActorConfig = group(ActorConfig)
+    fsdp: FSDPConfig = group(FSDPConfig)
     ref: RefConfig = group(RefConfig)
     model: ModelConfig = group(ModelConfig, only=LORA_FIELDS)
     data: DataConfig = group(DataConfig)
@@ -376,6 +378,7 @@ class RLConfig:
             raise ConfigError("no agent: pass --env ns/name-vN or --train.agent_path agent.py")
         if self.actor.model_name_or_path is None:
             raise ConfigError("--actor.model_name_or_path is required (e.g. runs/sft/hf from `molt-train sft`)")
+        check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend, self.model.lora_dim)
         train = self.train
         if train.force_sync_mode and train.async_queue_size > 1:
             raise ConfigError(
@@ -462,6 +465,7 @@ class SFTConfig:
     ray: RayConfig = group(RayConfig)
     model: ModelConfig = group(ModelConfig)
     actor: ActorConfig = group(ActorConfig)
+    fsdp: FSDPConfig = group(FSDPConfig)
     data: DataConfig = group(DataConfig)
     train: TrainConfig = group(TrainConfig, num_steps=200, batch_size=64)
     rollout: RolloutConfig = group(RolloutConfig)  # generation limits of the final eval
@@ -481,6 +485,7 @@ class SFTConfig:
             )
         if self.train.batch_size < 1:
             raise ConfigError(f"--train.batch_size must be >= 1, got {self.train.batch_size}")
+        check_fsdp(self.fsdp, self.actor.num_workers, self.actor.backend, self.model.lora_dim)
         if self.model.lora_dim and self.model.config is not None:
             raise ConfigError(
                 "--model.lora_dim trains adapters over a pretrained model; --model.config tiny builds an untrained "

@@ -27,8 +27,15 @@ class VLLMConfig:
         "gpu_memory_utilization is split between them)",
         minimum=1,
     )
-    tensor_parallel_size: int = option(1, "tensor-parallel GPUs per vLLM engine", minimum=1)
-    data_parallel_size: int = option(1, "data-parallel vLLM replicas (single node)", minimum=1)
+    tensor_parallel_size: int = option(
+        1, "tensor-parallel GPUs per vLLM engine (its weights split over them)", minimum=1
+    )
+    data_parallel_size: int = option(
+        1, "data-parallel replicas inside the vLLM engine (single node), each on tensor_parallel_size GPUs", minimum=1
+    )
+    enable_expert_parallel: bool = option(
+        False, "MoE: split the experts over the engine's tensor_parallel_size x data_parallel_size GPUs (EP = TP x DP)"
+    )
     gpu_memory_utilization: float = option(0.35, "fraction of GPU memory vLLM takes (weights + KV cache)")
     enforce_eager: bool = option(False, "no CUDA graphs / torch.compile (faster start, slower decode)")
     enable_prefix_caching: bool = option(False, "reuse KV of shared prefixes (reset at every weight sync)")
@@ -44,10 +51,16 @@ class VLLMConfig:
     def bucket_bytes(self) -> int:
         return self.bucket_mb << 20
 
+    @property
+    def gpus_per_engine(self) -> int:
+        """The GPUs one engine spans: tensor_parallel_size x data_parallel_size."""
+        return self.tensor_parallel_size * self.data_parallel_size
+
 
 def validate_engine(cfg: RLConfig) -> None:
-    """``--rollout.engine`` and what goes with it: vllm runs single-GPU engines, colocated (CUDA IPC weight
-    sync) or on a GPU of their own (NCCL); a partial rollout is the vllm engine's pause/resume."""
+    """``--rollout.engine`` and what goes with it: vllm runs engines colocated (CUDA IPC weight sync) or on GPUs
+    of their own (NCCL), one GPU each or one engine of tensor_parallel_size x data_parallel_size GPUs
+    (``check_engine_parallel``); a partial rollout is the vllm engine's pause/resume."""
     engine, train, vllm = cfg.rollout.engine, cfg.train, cfg.vllm
     if train.partial_rollout_enable and engine != "vllm":
         raise ConfigError(
@@ -69,12 +82,7 @@ def validate_engine(cfg: RLConfig) -> None:
         return
     if cfg.rollout.num_workers != 1:
         raise ConfigError(f"--rollout.num_workers {cfg.rollout.num_workers} needs --rollout.engine hf")
-    parallel = (vllm.tensor_parallel_size, vllm.data_parallel_size)
-    if parallel != (1, 1):
-        raise ConfigError(
-            f"--rollout.engine vllm drives single-GPU engines here: it needs --vllm.tensor_parallel_size 1 "
-            f"--vllm.data_parallel_size 1, got {parallel[0]}, {parallel[1]}"
-        )
+    check_engine_parallel(vllm, cfg.actor.num_workers, train.colocate_all)
     if vllm.num_engines != 1 and not train.colocate_all:
         raise ConfigError(
             f"--vllm.num_engines {vllm.num_engines} puts that many engines on the one GPU the trainer shares "
@@ -94,4 +102,31 @@ def validate_engine(cfg: RLConfig) -> None:
         raise ConfigError(
             f"--vllm.max_model_len {vllm.max_model_len} is shorter than --data.max_len {cfg.data.max_len}; "
             "raise it or drop it (default: --data.max_len)"
+        )
+
+
+def check_engine_parallel(vllm: VLLMConfig, num_workers: int, colocated: bool) -> None:
+    """Refuse a vLLM engine spread (``--vllm.tensor_parallel_size`` x ``--vllm.data_parallel_size`` GPUs) the run
+    cannot place, naming the flags; the cluster's GPU count is checked when the run is placed (``plan_placement``).
+
+    Raises:
+        ConfigError: several engines of several GPUs each, expert parallelism over one GPU, or a colocated engine
+            spanning more GPUs than the trainer ranks hold.
+    """
+    tp, dp, span = vllm.tensor_parallel_size, vllm.data_parallel_size, vllm.gpus_per_engine
+    if span > 1 and vllm.num_engines != 1:
+        raise ConfigError(
+            f"--vllm.num_engines {vllm.num_engines} shares one GPU between engine processes; an engine of "
+            f"--vllm.tensor_parallel_size {tp} x --vllm.data_parallel_size {dp} GPUs takes --vllm.num_engines 1"
+        )
+    if vllm.enable_expert_parallel and span == 1:
+        raise ConfigError(
+            "--vllm.enable_expert_parallel splits the experts over tensor_parallel_size x data_parallel_size GPUs, "
+            "here 1 x 1: raise --vllm.tensor_parallel_size or --vllm.data_parallel_size, or drop it"
+        )
+    if colocated and span > num_workers:
+        raise ConfigError(
+            f"--train.colocate_all puts the vLLM engine on the trainer ranks' GPUs, one worker per GPU: "
+            f"--vllm.tensor_parallel_size {tp} x --vllm.data_parallel_size {dp} = {span} GPUs, but "
+            f"--actor.num_workers is {num_workers}; use --actor.num_gpus_per_node {span} or a smaller engine"
         )

@@ -10,6 +10,10 @@ The decision, in one place:
   i (and its reference rank); the engine shares bundle 0 with rank 0, so trainer and engine sync by CUDA IPC.
 - ``--rollout.engine vllm`` alone (disaggregated): one more bundle, a GPU of the engine's own; rank 0 broadcasts the
   weights to it over NCCL.
+- An engine over ``--vllm.tensor_parallel_size`` x ``--vllm.data_parallel_size`` = S GPUs: disaggregated, its bundle
+  holds S GPUs (the rollout actor takes them all; vLLM's worker processes split them); colocated, its workers use
+  the GPUs of bundles 0..S-1 (``engine_device_bundles``: trainer ranks 0..S-1's), the actor itself sitting in
+  bundle 0, and each of those ranks shares the weights from its own GPU.
 
 Actors that share a GPU take ``COLOCATED_GPU_FRACTION`` of it each. CPU threads are split between the processes that
 compute at the same time (rollout and training overlap unless ``--train.force_sync_mode``).
@@ -40,10 +44,12 @@ class Placement:
     """The topology of one RL run (pure data: computed, compared, logged; ``reserve`` makes it real).
 
     trainer_gpus: each policy (and reference) rank's share of a GPU; 0 = on the CPU.
-    engine_gpus: the rollout actor's share of a GPU; 0 = on the CPU.
+    engine_gpus: the rollout actor's share of a GPU (disaggregated: its engine's TP x DP GPUs); 0 = on the CPU.
     bundles: the placement group's bundles, () for none; ``strategy`` how Ray places them.
     trainer_bundles: the bundle of each trainer rank (rank i -> ``trainer_bundles[i]``), () without a group.
     engine_bundle: the rollout actor's bundle, None without a group.
+    engine_device_bundles: colocated, an engine of several GPUs: the bundles whose GPUs its workers use (in
+        order), () otherwise; their trainer ranks each share the weights with the worker on their GPU.
     reference_gpus / reference_bundles: the same for the reference ranks: the trainer's own with
         ``--train.colocate_fsdp_models`` (the default), GPUs (bundles) of their own without it.
     weight_sync: "object_store" (the hf engine: a CPU state dict), "cuda_ipc" (vllm on rank 0's GPU) or "nccl"
@@ -63,6 +69,7 @@ class Placement:
     engine_bundle: int | None = None
     reference_gpus: float = 0.0  # each reference rank's share of a GPU (= trainer_gpus when colocated)
     reference_bundles: tuple[int, ...] = ()  # the bundle of each reference rank (the trainer's when colocated)
+    engine_device_bundles: tuple[int, ...] = ()
 
 
 def plan_placement(cfg: RLConfig, cluster_gpus: float, host_cpus: int) -> Placement:
@@ -83,7 +90,8 @@ def plan_placement(cfg: RLConfig, cluster_gpus: float, host_cpus: int) -> Placem
     # whole GPU; the hf engine without --train.colocate_all runs on the CPU
     share = COLOCATED_GPU_FRACTION if colocated or nccl else 1.0
     trainer_gpus = share if cluster_gpus >= ranks * share else 0.0
-    engine_gpus = COLOCATED_GPU_FRACTION if colocated else (1.0 if nccl else 0.0)
+    span = cfg.vllm.gpus_per_engine if engine == "vllm" else 1
+    engine_gpus = COLOCATED_GPU_FRACTION if colocated else (float(span) if nccl else 0.0)
     overlap = 0 if cfg.train.force_sync_mode else 1  # rollout overlaps training: they split the cores
 
     def threads(concurrent: int) -> int:
@@ -109,14 +117,19 @@ def plan_placement(cfg: RLConfig, cluster_gpus: float, host_cpus: int) -> Placem
             )
         return Placement(**plan, reference_gpus=1.0 if separate else trainer_gpus)
     refs = ranks if separate else 0
-    bundles = ({"GPU": 1.0},) * (ranks + refs + int(nccl))
-    if cluster_gpus < len(bundles):
+    bundles = ({"GPU": 1.0},) * (ranks + refs) + (({"GPU": float(span)},) if nccl else ())
+    needed = ranks + refs + (span if nccl else 0)
+    if cluster_gpus < needed:
+        tp, dp = cfg.vllm.tensor_parallel_size, cfg.vllm.data_parallel_size
         raise RuntimeError(
-            f"--rollout.engine vllm puts each of the --actor.num_workers trainer ranks on a GPU of its own, and "
-            f"the engine too unless --train.colocate_all (and the reference ranks with "
-            f"--no-train.colocate_fsdp_models): {len(bundles)} GPUs, but the Ray cluster has {cluster_gpus:g}; add "
-            "--train.colocate_all or use fewer trainer ranks"
+            f"--rollout.engine vllm puts each of the --actor.num_workers {ranks} trainer ranks on a GPU of its own, "
+            f"and the engine's --vllm.tensor_parallel_size {tp} x --vllm.data_parallel_size {dp} GPUs too unless "
+            f"--train.colocate_all (and the reference ranks with --no-train.colocate_fsdp_models): {needed} GPUs, "
+            f"but the Ray cluster has {cluster_gpus:g}; add --train.colocate_all or use fewer trainer ranks or a "
+            "smaller engine"
         )
+    if colocated and span > ranks:  # the config refuses it; a Placement never names bundles it lacks
+        raise RuntimeError(f"a colocated engine of {span} GPUs needs {span} trainer ranks' GPUs, got {ranks}")
     return Placement(
         **plan,
         bundles=bundles,
@@ -124,6 +137,7 @@ def plan_placement(cfg: RLConfig, cluster_gpus: float, host_cpus: int) -> Placem
         engine_bundle=ranks + refs if nccl else 0,
         reference_gpus=trainer_gpus,
         reference_bundles=tuple(range(ranks, ranks + refs)) if separate else tuple(range(ranks)),
+        engine_device_bundles=tuple(range(span)) if colocated and span > 1 else (),
     )
 
 
@@ -146,6 +160,18 @@ def in_bundle(group: Any, bundle: int | None) -> dict[str, Any]:
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     return {"scheduling_strategy": PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=bundle)}
+
+
+def bundle_gpu_ids(group: Any, bundles: tuple[int, ...]) -> list[str]:
+    """The GPU of each of ``bundles`` (one-GPU bundles of ``group``) as Ray numbers it (``CUDA_VISIBLE_DEVICES``
+    entries): a colocated engine of several GPUs shows its worker processes these, in this order."""
+    import ray
+
+    probe = ray.remote(num_cpus=0, num_gpus=0.01)(lambda: [str(i) for i in ray.get_gpu_ids()])
+    ids = ray.get([probe.options(**in_bundle(group, b)).remote() for b in bundles])
+    if any(len(found) != 1 for found in ids):
+        raise RuntimeError(f"expected one GPU in each of bundles {bundles}, Ray gave {ids}")
+    return [found[0] for found in ids]
 
 
 def rank_options(group: Any, gpus: float, bundles: tuple[int, ...], rank: int) -> dict[str, Any]:

@@ -5,8 +5,9 @@ vision blocks too, then the root), gloo on CPU and NCCL on GPU, and wrapped in a
 micro-batches carry their rows' image tensors (``mm``), which the forward consumes. The worker receives the ``--actor.*`` group itself
 (``ActorConfig``) and, per step, the ``--algo.*`` group (``AlgoConfig``): ``train_step`` runs one optimizer step over
 the worker's micro-batches with ``rl_loss`` (or, without an ``AlgoConfig``, the SFT loss). The loss denominators are
-those of the whole optimizer window (all micro-batches on all ranks), and the loss is scaled by the world size
-because FSDP averages gradients over ranks.
+those of the whole optimizer window (all micro-batches on all data-parallel ranks), and the loss is scaled by the
+data-parallel size because FSDP averages gradients over those ranks. ``--fsdp.*`` (``molt_train.parallel``) adds
+tensor parallelism inside each layer and optimizer offload to the CPU.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from molt_train import lora as lora_adapters
+from molt_train import parallel
 from molt_train.actor_backend import load_policy_model
 from molt_train.algorithms import (
     aggregate,
@@ -34,6 +36,7 @@ from molt_train.algorithms import (
 )
 from molt_train.logprob_model import LogProbModel
 from molt_train.models.multimodal import layers_to_shard, load_processor, model_class
+from molt_train.parallel import FSDPConfig
 
 if TYPE_CHECKING:
     from molt_train.config import ActorConfig, AlgoConfig, ModelConfig
@@ -134,10 +137,10 @@ class PolicyWorker:
         total_steps: int = 1,
         trainable: bool = True,
         num_threads: int = 0,
+        fsdp: FSDPConfig | None = None,
         lora: ModelConfig | None = None,
         adapter_dir: str | None = None,
     ) -> None:
-        from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers.utils import logging
 
@@ -166,12 +169,17 @@ class PolicyWorker:
         precision = MixedPrecisionPolicy(
             param_dtype=getattr(torch, actor.param_dtype) if gpu else None, reduce_dtype=torch.float32
         )
-        mesh = init_device_mesh(self.device.type, (world_size,))
+        fsdp = fsdp or FSDPConfig()
+        mesh = parallel.device_mesh(self.device.type, world_size, fsdp)
+        if fsdp.tp_size > 1:
+            parallel.tensor_parallel(lm, mesh["tp"])
+        self.dp_size, dp_mesh = mesh["dp"].size(), mesh["dp"]
+        shard = {"mp_policy": precision, "offload_policy": parallel.offload_policy(fsdp, pin_memory=gpu)}
         for layer in layers_to_shard(lm):
             if compiled:  # the forward only: FSDP2's hooks around it stay eager
                 layer.forward = torch.compile(layer.forward)
             # one rank: keep the layer's compute-dtype copy from forward to backward (resharding frees nothing)
-            fully_shard(layer, mesh=mesh, mp_policy=precision, reshard_after_forward=world_size > 1)
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=self.dp_size > 1, **shard)
         # a KV cache does not combine with activation checkpointing, compiled layers, or AutoModel's tuple outputs
         self.model = LogProbModel(
             lm,
@@ -179,17 +187,19 @@ class PolicyWorker:
             compile_chunks=compiled,
             share_prefixes=actor.backend == "hf" and not actor.gradient_checkpoint and not compiled,
         )
-        fully_shard(self.model, mesh=mesh, mp_policy=precision)
+        fully_shard(self.model, mesh=dp_mesh, **shard)
         self.optimizer = self.scheduler = None
         self._shared: list[Any] = []  # weight buckets a colocated engine is reading by CUDA IPC
         if trainable:
             adam = actor.adam
+            # the fused multi-tensor step cannot mix the two meshes of a tensor-parallel model
             self.optimizer = torch.optim.AdamW(
                 [p for p in self.model.parameters() if p.requires_grad],
                 lr=adam.lr,
                 betas=adam.betas,
                 eps=adam.eps,
                 weight_decay=adam.weight_decay,
+                foreach=None if fsdp.tp_size == 1 else False,
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(actor, total_steps))
         else:
@@ -238,7 +248,7 @@ class PolicyWorker:
                 loss, metrics = aggregate(-logp, mask, num_tokens=window["num_tokens"]), {}
             else:
                 loss, metrics = rl_loss(logp, mb, window, self.actor, algo)
-            (loss * self.world_size).backward()
+            (loss * self.dp_size).backward()  # FSDP2 averages gradients over the data-parallel ranks
             loss_sum += loss.detach()
             tokens_seen += n
             for k, v in metrics.items():
@@ -256,19 +266,16 @@ class PolicyWorker:
         }
 
     def _clip(self) -> float:
-        params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.actor.max_norm or float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-        return float(norm.full_tensor() if hasattr(norm, "full_tensor") else norm)
+        return parallel.clip_grad_norm(list(self.model.parameters()), self.actor.max_norm or float("inf"))
 
     # -- weights and checkpoints --
-    def full_state_dict(self, cpu_offload: bool = True) -> dict[str, Tensor] | None:
+    def full_state_dict(self, cpu_offload: bool = True, ranks: int = 1) -> dict[str, Tensor] | None:
         """The unsharded HF-named weights on rank 0 (None elsewhere), in CPU memory or, without ``cpu_offload``,
-        on this rank's device; every rank must call it."""
+        on this rank's device, there on ranks 0..``ranks``-1; every rank must call it."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         sd = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=cpu_offload))
-        if self.rank != 0:
+        if self.rank >= (1 if cpu_offload else ranks):  # offloaded, only rank 0 receives the gathered tensors
             return None
         tied = getattr(self.config, "tie_word_embeddings", False)
         return {k.removeprefix("lm."): v for k, v in sd.items() if not (tied and k == "lm.lm_head.weight")}
@@ -285,10 +292,10 @@ class PolicyWorker:
         if self.rank == 0:
             lora_adapters.save(self.config, weights, self.lora, Path(directory), merged=False)
 
-    def _engine_weights(self, dtype: str) -> list[tuple[str, Tensor]] | None:
-        """Rank 0: the full weights on this GPU cast to the engine's ``dtype`` ('auto' keeps them); None on the
-        other ranks. Every rank must call it (the shards are gathered)."""
-        weights = self.full_state_dict(cpu_offload=False)
+    def _engine_weights(self, dtype: str, ranks: int = 1) -> list[tuple[str, Tensor]] | None:
+        """Ranks 0..``ranks``-1: the full weights on this GPU cast to the engine's ``dtype`` ('auto' keeps them);
+        None on the other ranks. Every rank must call it (the shards are gathered)."""
+        weights = self.full_state_dict(cpu_offload=False, ranks=ranks)
         if weights is None:
             return None
         if self.device.type != "cuda":
@@ -296,12 +303,13 @@ class PolicyWorker:
         target = None if dtype == "auto" else getattr(torch, dtype)
         return [(name, t if target is None else t.to(target)) for name, t in weights.items()]
 
-    def share_weights(self, dtype: str, bucket_bytes: int) -> tuple[list[bytes], int] | None:
-        """Rank 0: the engine weights packed into GPU buckets and shared by CUDA IPC with a rollout engine on this
-        GPU: (payloads, bytes). The buckets stay alive until ``release_shared``. Every rank must call it."""
+    def share_weights(self, dtype: str, bucket_bytes: int, ranks: int = 1) -> tuple[list[bytes], int] | None:
+        """Ranks 0..``ranks``-1 (1: rank 0; an engine over several GPUs: the ranks on them): the engine weights
+        packed into GPU buckets and shared by CUDA IPC with the rollout engine's worker on this GPU: (payloads,
+        bytes). The buckets stay alive until ``release_shared``. Every rank must call it."""
         from molt_train.engines.weight_buckets import pack, share
 
-        weights = self._engine_weights(dtype)
+        weights = self._engine_weights(dtype, ranks)
         if weights is None:
             return None
         self._shared = list(pack(weights, bucket_bytes, device=self.device))

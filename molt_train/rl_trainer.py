@@ -43,7 +43,15 @@ from molt_train.config import RLConfig
 from molt_train.data import MixSampler, env_mix, load_eval_rows, load_rows
 from molt_train.experience import Experience, make_experience
 from molt_train.metrics import MetricsLogger
-from molt_train.placement import on_this_node, plan_placement, rank_options, reserve, rollout_options
+from molt_train.parallel import FSDPConfig
+from molt_train.placement import (
+    bundle_gpu_ids,
+    on_this_node,
+    plan_placement,
+    rank_options,
+    reserve,
+    rollout_options,
+)
 from molt_train.rollout import RolloutWorker, eval_sampling
 from molt_train.runtime import cpu_threads, init_ray
 from molt_train.worker_group import WorkerGroup
@@ -109,17 +117,19 @@ class RLTrainer:
             num_threads=self.placement.trainer_threads,
             gpus=self.placement.trainer_gpus,
             place=lambda rank: rank_options(self.group, p.trainer_gpus, p.trainer_bundles, rank),
+            fsdp=cfg.fsdp,
             lora=self.lora,
             adapter_dir=self.adapter_dir,
         )
         if (
             self.placement.weight_sync == "nccl" and self.lora is None and not self.replay
-        ):  # trainer rank 0 + the engine's one worker: the weight-sync group
+        ):  # trainer rank 0 + every worker of the engine (TP x DP of them): the weight-sync group
             host, port = ray.get(self.policy.workers[0].node_endpoint.remote())
+            world = 1 + cfg.vllm.gpus_per_engine
             ray.get(
                 [
-                    self.policy.workers[0].init_weight_sender.remote(host, port, 2, cfg.vllm.bucket_bytes),
-                    self.rollout.init_weight_group.remote(host, port, 2),
+                    self.policy.workers[0].init_weight_sender.remote(host, port, world, cfg.vllm.bucket_bytes),
+                    self.rollout.init_weight_group.remote(host, port, world),
                 ]
             )
         self.reference = None
@@ -134,6 +144,7 @@ class RLTrainer:
                 name="ref",
                 gpus=self.placement.reference_gpus,
                 place=lambda rank: rank_options(self.group, p.reference_gpus, p.reference_bundles, rank),
+                fsdp=FSDPConfig(tp_size=cfg.fsdp.tp_size),  # frozen: nothing to offload
             )
         self.critic = None
         if cfg.algo.advantage.estimator == "gae":  # the PPO critic: its own group, on the policy's bundles
@@ -172,6 +183,9 @@ class RLTrainer:
         import ray
 
         cfg, placement = self.cfg, self.placement
+        devices = (
+            bundle_gpu_ids(self.group, placement.engine_device_bundles) if placement.engine_device_bundles else None
+        )
         options = rollout_options(self.group, placement, shard, avoid)
         self.rollout_nodes[shard] = getattr(options.get("scheduling_strategy"), "node_id", None)
         rollout = start_rollout_worker(
@@ -180,6 +194,7 @@ class RLTrainer:
             num_gpus=placement.engine_gpus,
             num_threads=placement.rollout_threads,
             options=options,
+            devices=devices,
             lora=self.lora,
             adapter_dir=self.adapter_dir,
         )
@@ -447,10 +462,13 @@ class RLTrainer:
             sent = self.policy.workers[0].send_weights.remote(times=2 if check else 1)
             timing = ray.get(self.rollout.receive_weights.remote(plan, check=check))
             ray.get(sent)
-        else:  # cuda_ipc
-            payloads, nbytes = ray.get(
-                self.policy.call_async("share_weights", dtype=vllm.dtype, bucket_bytes=vllm.bucket_bytes)
-            )[0]
+        else:  # cuda_ipc; an engine over several GPUs: each of their trainer ranks shares the buckets from its own
+            span = len(self.placement.engine_device_bundles) or 1
+            shared = ray.get(
+                self.policy.call_async("share_weights", dtype=vllm.dtype, bucket_bytes=vllm.bucket_bytes, ranks=span)
+            )[:span]
+            nbytes = shared[0][1]
+            payloads = shared[0][0] if span == 1 else [list(p) for p in zip(*(s[0] for s in shared), strict=True)]
             try:
                 timing = ray.get(self.rollout.load_shared_weights.remote(payloads, nbytes, check=check))
             finally:
@@ -538,6 +556,7 @@ def start_rollout_worker(
     num_gpus: float,
     num_threads: int,
     options: dict[str, Any],
+    devices: list[str] | None = None,
     lora: Any = None,
     adapter_dir: str | None = None,
 ) -> Any:
@@ -548,6 +567,8 @@ def start_rollout_worker(
         cfg: the run's config (engine, agent, ``--algo.advantage.score_centering_top_k``'s top-k log-probs, judge).
         model_path: the checkpoint the engine serves (a LoRA run: the base model).
         num_gpus / num_threads / options: the actor's GPU share, torch CPU threads and Ray options (its bundle).
+        devices: the GPUs a colocated vLLM engine of several GPUs runs its workers on (``placement.bundle_gpu_ids``),
+            None for the actor's own.
         lora: a LoRA run's ``--model.*`` group (the engine serves the policy's adapters), else None.
         adapter_dir: a resumed LoRA run's PEFT adapter directory, served from the first request; else None.
 
@@ -573,7 +594,7 @@ def start_rollout_worker(
         adapter_dir=adapter_dir,
     )
     if cfg.rollout.engine == "vllm":
-        ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed))
+        ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed, devices))
     if cfg.judge.enabled:
         ray.get(rollout.start_judge.remote(cfg.judge))
     return rollout
@@ -590,7 +611,7 @@ def evaluate_once(cfg: RLConfig) -> dict[str, float]:
     output_dir.mkdir(parents=True, exist_ok=True)
     init_ray(cfg.ray)
     model_path = str(Path(cfg.actor.model_name_or_path).resolve())
-    gpus = 1.0 if cfg.rollout.engine == "vllm" else 0.0
+    gpus = float(cfg.vllm.gpus_per_engine) if cfg.rollout.engine == "vllm" else 0.0
     rollout = start_rollout_worker(
         cfg, model_path, num_gpus=gpus, num_threads=cpu_threads(cfg.actor.num_threads, 1), options={}
     )

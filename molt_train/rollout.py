@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import os
 import pickle
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -123,11 +124,15 @@ class RolloutWorker:
                 runner.judge = client
         return client.base_url
 
-    async def start_vllm(self, options: Any, seed: int) -> None:
+    async def start_vllm(self, options: Any, seed: int, devices: list[str] | None = None) -> None:
         """Start the vLLM engine (the ``--vllm.*`` group, ``VLLMConfig``) on the loop that will generate from it;
-        blocks that loop the 40-80 s vLLM takes to start, before any rollout exists."""
+        blocks that loop the 40-80 s vLLM takes to start, before any rollout exists. ``devices``: the GPUs (as
+        ``CUDA_VISIBLE_DEVICES`` entries) the engine's worker processes run on, when not this actor's own (a
+        colocated engine over several trainer GPUs); the processes vLLM spawns inherit them."""
         from molt_train.engines.vllm import VLLMEngine
 
+        if devices:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         rank = self.lora.lora_dim if self.lora is not None else 0
         self.engine = VLLMEngine(
             self.model_path, options, seed=seed, tokenizer=text_tokenizer(self.tokenizer), lora_rank=rank
@@ -349,19 +354,19 @@ class RolloutWorker:
                 timing["weight_sync/checked_params"] = float(raise_if_unequal(problems, len(params)))
         return timing
 
-    async def load_shared_weights(self, payloads: list[bytes], nbytes: int, check: bool = False) -> dict[str, float]:
-        """vllm engine: load the trainer's CUDA-IPC buckets (``weight_buckets.share`` on this GPU); ``check`` loads
-        them again through the engine's equality check. The trainer keeps the buckets alive until this returns."""
-        from molt_train.engines.weight_buckets import open_shared, unpack
-
+    async def load_shared_weights(
+        self, payloads: list[bytes] | list[list[bytes]], nbytes: int, check: bool = False
+    ) -> dict[str, float]:
+        """vllm engine: load the trainer's CUDA-IPC buckets (``weight_buckets.share``; per bucket one payload, or
+        one per GPU of an engine over several); ``check`` loads them again through the engine's equality check. The
+        trainer keeps the buckets alive until this returns."""
         async with self._between_batches() as waited:
             await self.engine.load_shared_buckets(payloads, nbytes=nbytes)
             timing = dict(self.engine.last_sync, wait_s=self.engine.last_sync["wait_s"] + waited)
             if check:
-                named = [item for payload in payloads for item in unpack(*open_shared(payload))]
-                problems = await self.engine.check_weight_update_equal(named)
-                timing["weight_sync/checked_params"] = float(raise_if_unequal(problems, len(named)))
-                del named
+                problems = await self.engine.check_weight_update_equal(payloads=payloads)
+                tensors = sum(len(pickle.loads(p if isinstance(p, bytes) else p[0])[2]) for p in payloads)
+                timing["weight_sync/checked_params"] = float(raise_if_unequal(problems, tensors))
         return timing
 
     async def load_lora_adapter(self, adapter_dir: str) -> dict[str, float]:

@@ -78,6 +78,7 @@ class SFTTrainer:
             str(self.model_path),
             total_steps=cfg.train.num_steps,
             num_threads=threads,
+            fsdp=cfg.fsdp,
             lora=lora,
             adapter_dir=adapter_dir,
         )

@@ -18,6 +18,7 @@ from molt_train.policy_worker import PolicyWorker, free_port
 
 if TYPE_CHECKING:
     from molt_train.config import ActorConfig, AlgoConfig, TrainConfig
+    from molt_train.parallel import FSDPConfig
 
 
 class WorkerGroup:
@@ -30,6 +31,8 @@ class WorkerGroup:
         total_steps: optimizer steps of the run (the LR schedule).
         gpus: each rank's share of a GPU (0: CPU). place: rank -> its Ray ``.options(...)`` (a placement-group
             bundle, a node); default: CPU ranks on the driver's node.
+        fsdp: the ``--fsdp.*`` group (tensor parallel size, optimizer offload), handed to ``PolicyWorker`` ranks;
+            None: plain FSDP2 (and nothing handed on, as a ``CriticWorker`` takes no ``fsdp``).
         worker_cls: the rank's class, ``PolicyWorker`` or ``CriticWorker``; ``options``: its own keyword
             arguments (``PolicyWorker``: ``trainable=False`` for the frozen reference, ``lora`` / ``adapter_dir``;
             ``CriticWorker``: ``critic``).
@@ -46,12 +49,16 @@ class WorkerGroup:
         gpus: float = 0.0,
         place: Callable[[int], dict[str, Any]] | None = None,
         name: str = "policy",
+        fsdp: FSDPConfig | None = None,
         worker_cls: type = PolicyWorker,
         **options: Any,
     ) -> None:
         import ray
 
         self.name, self.actor, self.train = name, actor, train
+        self.tp = fsdp.tp_size if fsdp is not None else 1
+        if fsdp is not None:
+            options["fsdp"] = fsdp
         ranks = actor.num_workers
         if place is None:  # CPU ranks on the driver's node; GPU ranks where Ray finds their GPUs
             pinned = on_this_node() if gpus == 0 else {}
@@ -81,9 +88,10 @@ class WorkerGroup:
     ) -> dict[str, float]:
         """One optimizer step over ``exp`` spread over the ranks (``algo``: the RL loss; None: SFT); returns the
         loss, grad norm and learning rate, and the loss's metrics averaged over the window's tokens."""
-        plan, per_rank = spread(exp, pad_id, len(self.workers), self.train)
+        plan, per_rank = self._spread(exp, pad_id)
         window = loss_window(exp, "token-mean" if algo is None else self.actor.loss_agg_mode)
         results = self.call("train_step", per_rank, window=window, algo=algo, temperature=temperature)
+        results = results[:: self.tp]  # one report per data-parallel group (its TP ranks computed the same)
         tokens = sum(r["tokens"] for r in results)
         out = {
             "loss": sum(r["loss"] for r in results),
@@ -102,15 +110,20 @@ class WorkerGroup:
 
     def per_token(self, method: str, exp: Experience, pad_id: int, **same: Any) -> torch.Tensor:
         """A forward-only per-position ``method`` of the ranks (``logprobs``, the critic's ``values``) over every
-        row of ``exp``, (N, L-1)."""
-        plan, per_rank = spread(exp, pad_id, len(self.workers), self.train)
-        outputs = self.call(method, per_rank, **same)
+        row of ``exp``, (N, L-1); one answer per data-parallel group is read (its TP ranks computed the same)."""
+        plan, per_rank = self._spread(exp, pad_id)
+        outputs = self.call(method, per_rank, **same)[:: self.tp]
         result = torch.zeros(exp.action_mask.shape)
         for micros, outs in zip(plan, outputs, strict=True):
             for rows, out in zip(micros, outs, strict=True):
                 if rows:
                     result[torch.tensor(rows), : out.shape[1]] = out
         return result
+
+    def _spread(self, exp: Experience, pad_id: int) -> tuple[list[list[list[int]]], list[list[dict[str, Any]]]]:
+        """``spread`` over the data-parallel groups; rank r reads group ``r // tp``'s micro-batches."""
+        plan, per_group = spread(exp, pad_id, len(self.workers) // self.tp, self.train)
+        return plan, [per_group[rank // self.tp] for rank in range(len(self.workers))]
 
     def call(self, method: str, *per_rank: list[Any], **same: Any) -> list[Any]:
         """Call ``method`` on every rank (rank i gets ``per_rank[j][i]`` as positional j) and wait for all."""

@@ -7,6 +7,7 @@ at once with asyncio; temperature 1, no stop tokens (every response is exactly T
 Output tok/s = N x T / wall time of the batch (prefill included). Two repetitions after a warm-up; best reported.
 ``--engines K`` (vLLM): ``--vllm.num_engines K``, K engines share the GPU, each with 1/K of the memory; a request
 goes to the engine with the fewest in flight.
+``--tp T`` (vLLM): one engine over the first T visible GPUs (``--vllm.tensor_parallel_size T``).
 ``--profile DIR`` (vLLM): then one more batch of the first N with vLLM's torch profiler on 32 decode steps (after
 8 steps); the engine writes its per-kernel CUDA time table under DIR, and the step's wall time is printed beside it.
 """
@@ -90,10 +91,13 @@ async def bench(engine, name: str, args: argparse.Namespace, vocab: int) -> None
             )
         best = min(runs)
         record(
-            f"rollout_{args.engine}_{n}" + (f"_x{args.engines}" if args.engines > 1 else ""),
+            f"rollout_{args.engine}_{n}"
+            + (f"_x{args.engines}" if args.engines > 1 else "")
+            + (f"_tp{args.tp}" if args.tp > 1 else ""),
             {
                 "engine": args.engine,
                 "engines": args.engines,
+                "tensor_parallel_size": args.tp,
                 "concurrency": n,
                 "new_tokens": new_tokens,
                 "prompt_len": args.prompt_len,
@@ -130,6 +134,7 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true")
     parser.add_argument("--max-num-seqs", type=int, default=1024, help="per engine")
     parser.add_argument("--engines", type=int, default=1, help="vLLM engines sharing the GPU (--vllm.num_engines)")
+    parser.add_argument("--tp", type=int, default=1, help="GPUs one vLLM engine spans (--vllm.tensor_parallel_size)")
     parser.add_argument("--ab-logprobs", action="store_true", help="then batches with and without log-probs (vLLM)")
     parser.add_argument("--profile", default="", help="directory for vLLM's profiler output (vLLM only)")
     args = parser.parse_args()
@@ -169,6 +174,7 @@ def main() -> None:
         max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=16384,
         num_engines=args.engines,
+        tensor_parallel_size=args.tp,
     )
 
     async def go() -> None:

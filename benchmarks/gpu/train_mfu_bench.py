@@ -1,7 +1,7 @@
 """Training-phase MFU of the trainer's own ``PolicyWorker`` (FSDP2, one rank) on the GRPO step's workload.
 
     python3 benchmarks/gpu/train_mfu_bench.py --model DIR [--param-dtype bfloat16|float32] [--compile] [--steps 3]
-        [--profile]
+        [--profile] [--offload]
 
 256 sequences (32 prompts x 8 samples) of 128 prompt + 512 response tokens, random ids (what a random-weight model
 generates), random group-normalised advantages. Per step, as the trainer runs it: ``logprobs`` (pi_old recompute,
@@ -10,7 +10,9 @@ token-mean, one optimizer step) over the trainer's micro-batch plan (``worker_gr
 ``--max-tokens`` tokens). MFU = model FLOPs (6 x matmul parameters x
 tokens + causal attention; forward only: 2x) / time / 790 TFLOP/s, as in ``grpo_step_bench.py``. Each variant runs
 in its own process (``PolicyWorker`` owns the process group). ``--profile`` runs one more step under
-``torch.profiler`` and prints where the GPU time went (operators and kernels, then by input shape).
+``torch.profiler`` and prints where the GPU time went (operators and kernels, then by input shape). ``--offload``
+runs the rank with ``--fsdp.offload optimizer`` (fp32 weights, gradients and AdamW states in CPU memory): run it
+beside a plain run for the memory and step-time cost of the offload.
 """
 
 from __future__ import annotations
@@ -66,23 +68,28 @@ def main() -> None:
     add_workload_args(parser)
     parser.add_argument("--max-tokens", type=int, default=32768)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--offload", action="store_true", help="--fsdp.offload optimizer")
     args = parser.parse_args()
 
     import torch
 
+    from molt_train.parallel import FSDPConfig
     from molt_train.policy_worker import PolicyWorker
     from molt_train.worker_group import loss_window, spread
 
     start = time.perf_counter()
     cfg = bench_config(args)
-    worker = PolicyWorker(0, 1, "127.0.0.1", local_port(), cfg.actor, args.model, seed=0, total_steps=args.steps)
+    fsdp = FSDPConfig(offload="optimizer" if args.offload else "none")
+    worker = PolicyWorker(
+        0, 1, "127.0.0.1", local_port(), cfg.actor, args.model, seed=0, total_steps=args.steps, fsdp=fsdp
+    )
     config = worker.config
     matmul_params = count_matmul_params(worker)
     exp = experience(args, config.vocab_size)
     _, (micros,) = spread(exp, 0, 1, cfg.train)
     lengths = exp.lengths.tolist()
     window = loss_window(exp, cfg.actor.loss_agg_mode)
-    variant = f"{args.param_dtype}{'+compile' if args.compile else ''}"
+    variant = f"{args.param_dtype}{'+compile' if args.compile else ''}{'+offload' if args.offload else ''}"
     print(
         f"{variant}: worker ready in {time.perf_counter() - start:.1f}s, {matmul_params / 1e6:.0f}M matmul params, "
         f"{len(micros)} micro-batches of {args.micro_rows} rows",

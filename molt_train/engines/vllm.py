@@ -15,6 +15,11 @@
 - Partial rollout: a sync while requests are in flight pauses the engine (``mode="keep"``), loads, and resumes;
   those requests continue on the new weights (``Generation.extra["weight_versions"]`` tells the trainer which
   requests straddled a sync). Sleep/wake (``--vllm.enable_sleep``) frees the engine's memory for training.
+- One engine over several GPUs: ``--vllm.tensor_parallel_size`` x ``--vllm.data_parallel_size`` worker processes
+  (vLLM's ``mp`` executor; DP replicas are engine-core processes of their own), ``--vllm.enable_expert_parallel``
+  for MoE. Every RPC reaches every worker of every replica (``_rpc``), so every TP shard loads every bucket through
+  its own ``load_weights`` (each takes its slice): by CUDA IPC from the trainer rank on its own GPU (colocated; a
+  bucket of another visible GPU when none is), or from trainer rank 0's NCCL broadcast to 1 + TP x DP ranks.
 - ``--vllm.num_engines N`` on one GPU: N vLLM engine processes share it, each with 1/N of
   ``gpu_memory_utilization``; a request goes to the engine with the fewest in flight, and every sync, pause, check
   and sleep reaches all of them. vLLM's per-request host work (scheduling, inputs, outputs) bounds a small model's
@@ -76,6 +81,12 @@ def engine_kwargs(options: VLLMConfig, model: str, seed: int = 0) -> dict[str, A
         "worker_extension_cls": WORKER_EXTENSION,
         "disable_log_stats": True,
     }
+    if options.enable_expert_parallel:
+        kwargs["enable_expert_parallel"] = True
+    if options.tensor_parallel_size > 1:
+        # the engine's own worker processes on the GPUs this actor sees; inside a Ray placement group vLLM would
+        # otherwise pick its Ray executor and ask the group for bundles of its own
+        kwargs["distributed_executor_backend"] = "mp"
     for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
         if getattr(options, name) is not None:
             kwargs[name] = getattr(options, name)
@@ -307,9 +318,10 @@ class VLLMEngine:
 
         return await self._exclusive_sync(load)
 
-    async def load_shared_buckets(self, payloads: Sequence[bytes], nbytes: int) -> int:
-        """Load buckets another process on this GPU packed and shared (``weight_buckets.share``); the sharer keeps
-        them alive until this returns. ``nbytes``: their total payload, for ``last_sync``."""
+    async def load_shared_buckets(self, payloads: Sequence[bytes | Sequence[bytes]], nbytes: int) -> int:
+        """Load buckets other processes packed and shared (``weight_buckets.share``); the sharers keep them alive
+        until this returns. A bucket is one payload, or one per GPU (the same bucket shared by the trainer rank on
+        each of the engine's GPUs: each worker opens its own GPU's). ``nbytes``: their total, for ``last_sync``."""
 
         async def load() -> tuple[int, int]:
             for payload in payloads:
@@ -319,11 +331,13 @@ class VLLMEngine:
         return await self._exclusive_sync(load)
 
     async def init_weight_group(self, host: str, port: int, world_size: int) -> list[int]:
-        """Join the NCCL group whose rank 0 is the trainer (``NcclWeightSender``, created concurrently): engine i's
-        single worker is rank 1 + i, so ``world_size`` = 1 + num_engines."""
+        """Join the NCCL group whose rank 0 is the trainer (``NcclWeightSender``, created concurrently): worker w
+        (of ``gpus_per_engine``) of engine i is rank 1 + i x gpus_per_engine + w, so ``world_size`` = 1 +
+        num_engines x gpus_per_engine. Returns the ranks the workers took."""
+        span = self.options.gpus_per_engine
         ranks = await asyncio.gather(
             *(
-                llm.collective_rpc("molt_init_nccl", args=(host, port, 1 + i, world_size))
+                _all_workers(llm, "molt_init_nccl", (host, port, 1 + i * span, world_size))
                 for i, llm in enumerate(self.llms)
             )
         )
@@ -344,17 +358,19 @@ class VLLMEngine:
         named_tensors: Iterable[tuple[str, torch.Tensor]] | None = None,
         *,
         plan: Sequence[tuple[bytes, int]] | None = None,
+        payloads: Sequence[bytes | Sequence[bytes]] | None = None,
     ) -> list[str]:
         """Names of vLLM parameters whose current value differs (bitwise) from the trainer's, as
         ``"stale: <name>"``, or that no trainer tensor reaches, as ``"uncovered: <name>"``, in any of the engines
         (each named once). Empty = in sync.
 
-        The trainer's weights come again the way the sync brought them: ``named_tensors`` (CUDA IPC, this GPU) or
-        ``plan`` (NCCL: the trainer's ``NcclWeightSender.send`` must run concurrently). Costs one more load plus a
-        copy of the weights in engine memory; the engine is held meanwhile.
+        The trainer's weights come again the way the sync brought them: ``named_tensors`` (CUDA IPC, this GPU),
+        ``payloads`` (the shared buckets ``load_shared_buckets`` loaded, still alive) or ``plan`` (NCCL: the
+        trainer's ``NcclWeightSender.send`` must run concurrently). Costs one more load plus a copy of the weights
+        in engine memory; the engine is held meanwhile.
         """
-        if (named_tensors is None) == (plan is None):
-            raise ValueError("pass exactly one of named_tensors (CUDA IPC) or plan (NCCL broadcast)")
+        if sum(x is not None for x in (named_tensors, plan, payloads)) != 1:
+            raise ValueError("pass exactly one of named_tensors or payloads (CUDA IPC) or plan (NCCL broadcast)")
         found: list[str] = []
 
         async def check() -> tuple[int, int]:
@@ -363,6 +379,9 @@ class VLLMEngine:
                 if plan is not None:
                     for metas, nbytes in plan:
                         await self._rpc("molt_receive_nccl_bucket", metas, nbytes)
+                elif payloads is not None:
+                    for payload in payloads:
+                        await self._rpc("molt_load_ipc_bucket", payload)
                 else:
                     for bucket in pack(named_tensors, self.options.bucket_bytes):
                         await self._rpc("molt_load_ipc_bucket", share(bucket))
@@ -412,8 +431,8 @@ class VLLMEngine:
         return self._open
 
     async def _rpc(self, method: str, *args: Any) -> list[Any]:
-        """``method`` on every engine's worker at once; their answers in engine order."""
-        answers = await asyncio.gather(*(llm.collective_rpc(method, args=args) for llm in self.llms))
+        """``method`` on every worker of every engine at once; their answers in engine order."""
+        answers = await asyncio.gather(*(_all_workers(llm, method, args) for llm in self.llms))
         return [answer for engine in answers for answer in engine]
 
     async def _exclusive_sync(self, body: Callable[[], Awaitable[tuple[int, int]]], bump: bool = True) -> int:
@@ -445,6 +464,20 @@ class VLLMEngine:
             "paused": float(paused),
         }
         return moved
+
+
+async def _all_workers(llm: Any, method: str, args: tuple[Any, ...]) -> list[Any]:
+    """``collective_rpc`` of ``method`` on every worker of ``llm`` and all their answers. With data-parallel
+    replicas, vLLM's client sends a utility call to every engine core but returns the first core's answers only
+    (``DPLBAsyncMPClient.call_utility_async``), so each core is asked on its own here."""
+    core = llm.engine_core
+    cores = list(getattr(core, "core_engines", None) or ())
+    if len(cores) < 2:
+        return await llm.collective_rpc(method, args=args)
+    answers = await asyncio.gather(
+        *(core._call_utility_async("collective_rpc", method, None, args, None, engine=c) for c in cores)
+    )
+    return [answer for replica in answers for answer in replica]
 
 
 def broadcast_plan(

@@ -4,7 +4,8 @@ The engine calls them through ``collective_rpc`` with plain bytes/ints, so nothi
 bucket goes through the model's own ``load_weights`` (vLLM's weight-loading path: HF names in, fused q/k/v and
 gate/up shards, tied embeddings handled by the model), never through a checkpoint on disk.
 
-- colocated (same GPU): ``molt_load_ipc_bucket`` opens the trainer's bucket by CUDA IPC;
+- colocated (same GPU): ``molt_load_ipc_bucket`` opens the trainer's bucket by CUDA IPC (of several payloads of a
+  bucket, one per trainer rank, the one on this worker's GPU);
 - another GPU: ``molt_init_nccl`` joins a trainer-rank-0 + workers NCCL group once, then
   ``molt_receive_nccl_bucket`` takes one broadcast per bucket;
 - ``molt_begin_check`` / ``molt_end_check`` implement ``--train.check_weight_update_equal``: snapshot every
@@ -45,7 +46,9 @@ class WeightSyncExtension:
         from vllm.distributed.device_communicators.pynccl import PyNcclCommunicator
         from vllm.distributed.utils import StatelessProcessGroup
 
-        rank = rank_offset + self.rank
+        # data-parallel replica d's workers come after replica 0..d-1's (self.rank counts within one replica)
+        parallel = self.vllm_config.parallel_config
+        rank = rank_offset + (parallel.data_parallel_rank or 0) * parallel.world_size + self.rank
         group = StatelessProcessGroup.create(host=host, port=port, rank=rank, world_size=world_size)
         self._molt_nccl = PyNcclCommunicator(group, device=self.device)
         return rank

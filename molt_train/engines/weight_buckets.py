@@ -13,7 +13,7 @@ from our trainer process to our own engine worker).
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -121,18 +121,26 @@ def share(bucket: Bucket) -> bytes:
     return pickle.dumps((uuid, args, [m.as_tuple() for m in bucket.metas]))
 
 
-def open_shared(payload: bytes) -> tuple[torch.Tensor, list[TensorMeta]]:
-    """The receiver's side of ``share``: the bucket's buffer (on this process's current GPU) and its metadata."""
+def open_shared(payload: bytes | Sequence[bytes]) -> tuple[torch.Tensor, list[TensorMeta]]:
+    """The receiver's side of ``share``: the bucket's buffer and its metadata. ``payload``: one bucket shared from
+    one GPU, or the same bucket shared from several (one per trainer rank): the one of this process's current GPU
+    is opened, else one of another GPU this process sees (its tensors then live there; loading copies them over).
+
+    Raises:
+        RuntimeError: no payload comes from a GPU this process sees.
+    """
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
-    uuid, args, metas = pickle.loads(payload)
-    device = torch.cuda.current_device()
-    here = str(torch.cuda.get_device_properties(device).uuid)
-    if uuid != here:
+    shared = [pickle.loads(p) for p in ([payload] if isinstance(payload, bytes) else payload)]
+    current = torch.cuda.current_device()
+    visible = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
+    here = [s for s in shared if visible.get(s[0]) == current] or [s for s in shared if s[0] in visible]
+    if not here:
         raise RuntimeError(
-            f"CUDA IPC bucket comes from GPU {uuid} but this engine worker runs on GPU {here}: "
-            "colocated sync needs trainer and engine on one GPU; use the NCCL path otherwise"
+            f"CUDA IPC bucket comes from GPU(s) {[s[0] for s in shared]} but this engine worker sees only "
+            f"{sorted(visible)}: colocated sync needs trainer and engine on the same GPUs; use the NCCL path otherwise"
         )
+    uuid, args, metas = here[0]
     args = list(args)
-    args[6] = device  # the device index as this process numbers it
+    args[6] = visible[uuid]  # the device index as this process numbers it
     return rebuild_cuda_tensor(*args), [TensorMeta.from_tuple(m) for m in metas]

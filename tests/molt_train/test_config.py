@@ -108,6 +108,14 @@ REFUSED = [
         ["--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_threshold", "2", "1"],
         "HIGH or LOW HIGH with 0 <= LOW < HIGH, got 2.0 1.0",
     ),
+    (["--actor.num_workers", "3", "--fsdp.tp_size", "2"], "--fsdp.tp_size 2 must divide --actor.num_workers 3"),
+    (["--fsdp.offload", "params"], "--fsdp.offload 'params' is unknown"),
+    (["--fsdp.cp_size", "2"], "--fsdp.cp_size 2: context parallelism is not built"),
+    (["--fsdp.ep_size", "8"], "--fsdp.ep_size 8: expert parallelism is not built"),
+    (
+        ["--actor.num_workers", "2", "--fsdp.tp_size", "2", "--model.lora_dim", "8"],
+        "--model.lora_dim 8 wraps in PEFT adapter layers the split does not cover",
+    ),
 ]
 
 

@@ -164,6 +164,42 @@ def test_two_way_fsdp2_with_colocated_vllm_matches_one_gpu(model_dir, tmp_path):
             assert b[key] == pytest.approx(a[key], rel=1e-3, abs=1e-6), key
 
 
+ENGINE_SPREADS = [
+    pytest.param(("--vllm.tensor_parallel_size", "2"), 2, id="colocated-tp2"),
+    pytest.param(("--vllm.data_parallel_size", "2"), 2, id="colocated-dp2"),
+]
+
+
+@pytest.mark.parametrize(("spread", "gpus"), ENGINE_SPREADS)
+def test_a_colocated_engine_over_two_gpus_gets_every_shard_synced(model_dir, tmp_path, spread, gpus):
+    """--vllm.tensor_parallel_size 2 / --vllm.data_parallel_size 2 with --train.colocate_all on two GPUs: vLLM's two
+    workers (TP shards, or DP replicas) run on the two trainer ranks' GPUs, each loads the buckets the rank on its
+    GPU shares (CUDA IPC), and the weight check, which asks every worker of every replica, finds nothing stale."""
+    if torch.cuda.device_count() < gpus:
+        pytest.skip(f"an engine over {gpus} GPUs colocated with {gpus} trainer ranks needs {gpus} GPUs")
+    placement = COLOCATED + ("--actor.num_gpus_per_node", str(gpus), *spread)
+    records = run_cli(
+        model_dir, tmp_path, "--train.force_sync_mode", "--train.check_weight_update_equal", placement=placement
+    )
+    assert [r["step"] for r in records] == [1, 2, 3]
+    for r in records:
+        assert r["weight_sync/checked_params"] > 0 and r["engine/generated_tokens"] > 0
+        assert r["mismatch/k3_kl"] < 1e-2, r  # every shard carries the trainer's weights
+
+
+def test_a_disaggregated_tp2_engine_receives_the_broadcast_on_both_shards(model_dir, tmp_path):
+    """--vllm.tensor_parallel_size 2 on GPUs of its own (3 GPUs: one trainer rank + two engine workers): trainer
+    rank 0 broadcasts each bucket to a 3-rank NCCL group, both TP workers load their slice, the check passes."""
+    if torch.cuda.device_count() < 3:
+        pytest.skip("a disaggregated TP=2 engine needs 3 GPUs (1 trainer + 2 engine)")
+    placement = DISAGGREGATED + ("--vllm.tensor_parallel_size", "2")
+    records = run_cli(
+        model_dir, tmp_path, "--train.force_sync_mode", "--train.check_weight_update_equal", placement=placement
+    )
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["weight_sync/checked_params"] > 0 and r["mismatch/k3_kl"] < 1e-2 for r in records)
+
+
 def test_lora_run_serves_the_trained_adapter_after_every_step(model_dir, tmp_path):
     """``--model.lora_dim``: the engine starts with ``enable_lora`` and after every step serves the trainer's PEFT
     adapter directory (a fresh ``LoRARequest``). On-policy with a large learning rate, so an engine still serving

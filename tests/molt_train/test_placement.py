@@ -61,6 +61,24 @@ def test_vllm_disaggregated_gets_a_gpu_of_its_own_and_syncs_by_nccl():
     assert (p.engine_gpus, p.trainer_gpus, p.weight_sync) == (1.0, COLOCATED_GPU_FRACTION, "nccl")
 
 
+def test_a_disaggregated_engine_over_tp_x_dp_gpus_takes_one_bundle_of_them_all():
+    p = plan(*VLLM, "--vllm.tensor_parallel_size", "2", "--vllm.data_parallel_size", "2", gpus=5)
+    assert p.bundles == ({"GPU": 1.0}, {"GPU": 4.0}) and p.engine_bundle == 1 and p.engine_gpus == 4.0
+    assert p.weight_sync == "nccl" and p.engine_device_bundles == ()
+    with pytest.raises(RuntimeError, match=r"--vllm.tensor_parallel_size 2 x --vllm.data_parallel_size 2 GPUs"):
+        plan(*VLLM, "--vllm.tensor_parallel_size", "2", "--vllm.data_parallel_size", "2", gpus=4)
+
+
+def test_a_colocated_engine_over_two_gpus_uses_both_trainer_ranks_gpus():
+    p = plan(
+        *VLLM, "--train.colocate_all", "--actor.num_gpus_per_node", "2", "--vllm.tensor_parallel_size", "2", gpus=2
+    )
+    assert p.bundles == ({"GPU": 1.0}, {"GPU": 1.0}) and p.engine_bundle == 0 and p.weight_sync == "cuda_ipc"
+    assert p.engine_device_bundles == (0, 1) and p.engine_gpus == COLOCATED_GPU_FRACTION
+    one = plan(*VLLM, "--train.colocate_all", "--actor.num_gpus_per_node", "2", gpus=2)
+    assert one.engine_device_bundles == ()  # a one-GPU engine stays on rank 0's GPU
+
+
 def test_a_cluster_short_of_gpus_is_refused_naming_the_flags():
     with pytest.raises(RuntimeError, match=r"2 GPUs, but the Ray cluster has 1; add --train.colocate_all"):
         plan(*VLLM, gpus=1)

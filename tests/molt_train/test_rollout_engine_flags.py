@@ -123,7 +123,12 @@ def test_engines_sharing_the_colocated_gpu_parse(monkeypatch):
 
 
 REFUSED = [
-    (VLLM + ["--vllm.tensor_parallel_size", "2"], "--vllm.tensor_parallel_size 1"),
+    (VLLM + ["--vllm.tensor_parallel_size", "2"], "= 2 GPUs, but --actor.num_workers is 1"),
+    (
+        VLLM + ["--vllm.data_parallel_size", "2", "--vllm.num_engines", "2", "--actor.num_gpus_per_node", "2"],
+        "x --vllm.data_parallel_size 2 GPUs takes --vllm.num_engines 1",
+    ),
+    (VLLM + ["--vllm.enable_expert_parallel"], "here 1 x 1: raise --vllm.tensor_parallel_size"),
     (VLLM[:2] + ["--vllm.num_engines", "2"], "--vllm.num_engines 2 puts that many engines on the one GPU"),
     (VLLM[:2] + ["--vllm.enable_sleep", "--train.force_sync_mode"], "on a GPU of its own"),
     (["--actor.num_gpus_per_node", "2", "--actor.num_workers", "3"], "contradicts --actor.num_workers 3"),

@@ -535,3 +535,78 @@ def test_the_placement_group_is_reserved_and_scheduled_into(ray_local):
     finally:
         ray.util.remove_placement_group(group)
     assert reserve(dataclasses.replace(plan, bundles=())) is None and in_bundle(None, 0) == {}
+
+
+def test_tensor_parallel_and_optimizer_offload_give_the_same_update(sft_run):
+    """--fsdp.tp_size 2 (DTensor TP on gloo, two ranks holding one model) and --fsdp.offload optimizer (FSDP2's
+    CPUOffloadPolicy) each take the same optimizer step as one plain rank, gradient clipping included (one plain
+    run is the reference of both)."""
+    from molt_train.worker_group import WorkerGroup
+
+    common = ["--env", "molt/arith-v1", "--actor.model_name_or_path", str(sft_run / "hf"), "--ckpt.output_dir", "x"]
+    common += ["--actor.adam.lr", "1.0", "--actor.adam.eps", "1.0", "--actor.max_norm", "0.5"]
+    runs = {
+        "plain": parse("rl", common),
+        "tensor-parallel-2": parse("rl", [*common, "--actor.num_workers", "2", "--fsdp.tp_size", "2"]),
+        "optimizer-offload": parse("rl", [*common, "--fsdp.offload", "optimizer"]),
+    }
+    exp = synthetic_experience(sft_run / "hf")
+    states, metrics = {}, {}
+    for name, cfg in runs.items():
+        group = WorkerGroup(cfg.actor, cfg.train, str(sft_run / "hf"), fsdp=cfg.fsdp)
+        try:
+            before = group.call("full_state_dict")[0]
+            metrics[name] = group.train_step(exp, 0, cfg.algo, temperature=1.0)
+            states[name] = group.call("full_state_dict")[0]
+            assert group.logprobs(exp, 0, 1.0).shape == exp.action_mask.shape
+        finally:
+            group.shutdown()
+    plain = metrics["plain"]
+    assert plain["grad_norm"] > 0.5  # clipping acted, so the split norm had to be whole to match
+    assert max(float((states["plain"][k] - before[k]).abs().max()) for k in before) > 1e-3
+    for name in ("tensor-parallel-2", "optimizer-offload"):
+        assert metrics[name]["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5), name
+        assert metrics[name]["loss"] == pytest.approx(plain["loss"], abs=1e-5), name
+        for key in states["plain"]:
+            torch.testing.assert_close(states[name][key], states["plain"][key], atol=2e-5, rtol=1e-4, msg=key)
+
+
+def test_freeze_moe_router_keeps_a_real_moe_routers_weights(sft_run, tmp_path):
+    """--actor.freeze_moe_router on a tiny random Qwen3-MoE: after an RL step the router (gate) weights are the
+    checkpoint's, the experts moved."""
+    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    from molt_train.worker_group import WorkerGroup
+
+    tokenizer = AutoTokenizer.from_pretrained(sft_run / "hf")
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        moe_intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+        num_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=128,
+    )
+    torch.manual_seed(0)
+    Qwen3MoeForCausalLM(config).save_pretrained(tmp_path / "moe")
+    tokenizer.save_pretrained(tmp_path / "moe")
+    flags_ = ["--env", "molt/arith-v1", "--actor.model_name_or_path", str(tmp_path / "moe"), "--ckpt.output_dir", "x"]
+    cfg = parse("rl", [*flags_, "--actor.adam.lr", "0.1", "--actor.freeze_moe_router"])
+    group = WorkerGroup(cfg.actor, cfg.train, str(tmp_path / "moe"))
+    try:
+        before = group.call("full_state_dict")[0]
+        group.train_step(synthetic_experience(sft_run / "hf"), 0, cfg.algo, temperature=1.0)
+        after = group.call("full_state_dict")[0]
+    finally:
+        group.shutdown()
+    routers = [k for k in before if k.endswith("mlp.gate.weight")]
+    assert len(routers) == config.num_hidden_layers
+    for key in routers:
+        torch.testing.assert_close(after[key], before[key], rtol=0, atol=0, msg=key)
+    experts = [k for k in before if ".experts." in k]
+    assert experts and any(not torch.equal(after[k], before[k]) for k in experts)

@@ -3,6 +3,7 @@ the optional import, and the actor backends. The engine itself runs in test_gpu_
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import pickle
 import subprocess
@@ -72,6 +73,11 @@ def test_engine_kwargs_pass_scaling_knobs_through():
     assert kw["enforce_eager"] is True and kw["max_num_batched_tokens"] == 32768 and kw["dtype"] == "float16"
     assert kw["speculative_config"] == {"method": "mtp", "num_speculative_tokens": 1}
     assert kw["enable_sleep_mode"] is True and kw["seed"] == 3
+    # TP: vLLM's own worker processes (in a Ray placement group it would otherwise pick its Ray executor)
+    assert kw["distributed_executor_backend"] == "mp" and "enable_expert_parallel" not in kw
+    moe = engine_kwargs(VLLMConfig(tensor_parallel_size=2, enable_expert_parallel=True), "/m")
+    assert moe["enable_expert_parallel"] is True
+    assert "distributed_executor_backend" not in engine_kwargs(VLLMConfig(data_parallel_size=2), "/m")
 
 
 def test_cuda_graphs_cover_a_full_decode_batch_above_vllms_512_default():
@@ -216,3 +222,31 @@ def test_freeze_router_freezes_only_router_weights():
     dense = torch.nn.Sequential(torch.nn.Linear(2, 2))
     with pytest.raises(ValueError, match="no MoE router parameters"):
         freeze_router(dense)
+
+
+def test_every_data_parallel_replica_answers_a_worker_rpc():
+    """vLLM's data-parallel client sends a utility call to every engine core but returns core 0's answers only;
+    ``_all_workers`` asks each core itself so an RPC's answers (e.g. the weight check's) cover every replica. The
+    client here is a stand-in for vLLM's (pure dispatch logic)."""
+    from molt_train.engines.vllm import _all_workers
+
+    class Core:
+        core_engines = [b"\x00\x00", b"\x01\x00"]
+        asked: list = []
+
+        async def _call_utility_async(self, method, *args, engine):
+            self.asked.append((method, args, engine))
+            return [f"{engine.hex()}-worker{w}" for w in range(2)]  # TP=2 workers per replica
+
+    class LLM:
+        engine_core = Core()
+
+        async def collective_rpc(self, method, args=()):
+            return ["core0-only"]
+
+    answers = asyncio.run(_all_workers(LLM(), "molt_end_check", (1,)))
+    assert answers == ["0000-worker0", "0000-worker1", "0100-worker0", "0100-worker1"]
+    assert [a[0] for a in Core.asked] == ["collective_rpc"] * 2
+    assert Core.asked[0][1] == ("molt_end_check", None, (1,), None)  # method, timeout, args, kwargs
+    LLM.engine_core.core_engines = [b"\x00\x00"]  # one replica: vLLM's own path
+    assert asyncio.run(_all_workers(LLM(), "m", ())) == ["core0-only"]
