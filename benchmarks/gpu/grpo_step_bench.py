@@ -9,7 +9,7 @@ trainer's own functions on it. vLLM (``VLLMEngine(cfg.vllm)``, gpu_memory_utiliz
 ``PolicyWorker(cfg.actor)`` (one FSDP2 rank on NCCL, fp32 master weights, ``--param-dtype`` compute, SDPA, AdamW)
 stay resident on the same GPU: no sleep/wake. Ray is left out; everything else is the trainer's code path. Per step:
   generation   32 prompts x 8 samples through ``engine.generate`` (temperature 1, up to 512 new tokens)
-  logprob      ``rl_trainer.shape_and_filter`` + ``rl_trainer.estimate_advantages`` (GRPO, milliseconds), then
+  logprob      ``rl_batch.shape_and_filter`` + ``rl_batch.estimate_advantages`` (GRPO, milliseconds), then
                ``PolicyWorker.logprobs``: the recompute of the sampled tokens' log-probs (pi_old)
   training     ``PolicyWorker.train_step(..., cfg.algo)`` (the trainer's ``rl_loss``: PPO, token-mean, one optimizer
                step over all 256 sequences in micro-batches of ``--micro-rows``, ``worker_group.spread``)
@@ -134,7 +134,7 @@ async def main_async(args: argparse.Namespace) -> None:
     from molt_train.engines.vllm import VLLMEngine
     from molt_train.experience import make_experience
     from molt_train.policy_worker import PolicyWorker
-    from molt_train.rl_trainer import estimate_advantages, shape_and_filter
+    from molt_train.rl_batch import estimate_advantages, shape_and_filter
     from molt_train.worker_group import loss_window, spread
 
     cfg = bench_config(

@@ -16,7 +16,7 @@ from molt_envs import Trajectory
 from molt_train import rl_cli
 from molt_train.config import parse
 from molt_train.data import MixSampler, env_mix
-from molt_train.rl_trainer import rollout_metrics
+from molt_train.rl_batch import rollout_metrics
 
 RL_BASE = ["--actor.model_name_or_path", "m", "--ckpt.output_dir", "out"]
 MIX = {"a": 0.5, "b": 0.3, "c": 0.2}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from molt_train.rl_trainer import merge_parts
+from molt_train.rl_batch import merge_parts
 
 
 def part(trajs: list[str], envs: list[str], dropped: dict[str, int], per_env: dict, **extra) -> dict:
