@@ -58,13 +58,14 @@ class RolloutWorker:
         top_logprobs: int = 0,
         lora: Any = None,
         adapter_dir: str | None = None,
+        device: str = "cpu",
     ) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
         self.model_path = model_path
         if engine == "hf":
             self.engine: Any = HFEngine.from_pretrained(
-                model_path, max_batch_size=max_batch_size, top_logprobs=top_logprobs
+                model_path, device=device, max_batch_size=max_batch_size, top_logprobs=top_logprobs
             )
             self.tokenizer = self.engine.processor  # what runners take: the tokenizer or a VLM's processor
             if lora is not None:  # the policy's adapters (B = 0, or a resumed run's): syncs send only them
@@ -440,7 +441,7 @@ def eval_sampling(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> dict[str, An
 
 def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Path) -> dict[str, float]:
     """Score ``model_path`` on ``--eval.split`` of ``--env`` in this process (no Ray), ``--eval.n_samples_per_prompt``
-    samples per row, through the same loop as ``molt-env eval``."""
+    samples per row, through the same loop as ``molt-env eval``; on a GPU when this process sees one."""
     worker = RolloutWorker(
         str(model_path),
         env_id=[e.env_id for e in env_mix(cfg)],
@@ -448,6 +449,7 @@ def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Pa
         max_len=cfg.data.max_len,
         timeout_s=cfg.rollout.timeout_s,
         max_batch_size=cfg.rollout.max_batch_size,
+        device="cuda" if torch.cuda.is_available() else "cpu",
     )
     rows = load_eval_rows(cfg)
     return asyncio.run(worker.evaluate(rows, eval_sampling(cfg), cfg.eval.n_samples_per_prompt))

@@ -211,6 +211,10 @@ class VLLMEngine:
         self.reads_images = getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
         if self.reads_images:
             kwargs["limit_mm_per_prompt"] = {"image": MAX_IMAGES, "video": 0}
+            # vLLM 0.24's processor cache sends the prompt text to the HF processor without its images, which
+            # transformers 5.24's input validation refuses ("Found 1 <|image_pad|> tokens ... no images"): without
+            # the cache the text and its images are processed together
+            kwargs.setdefault("mm_processor_cache_gb", 0)
         self.llms = []
         try:
             for _ in range(n):

@@ -73,7 +73,11 @@ def test_vllm_rollouts_carry_the_exact_image_tokens_and_match_the_hf_forward(vl_
     pending = asyncio.all_tasks(loop)  # vLLM's output handler: let its cancellation run before the loop closes
     for task in pending:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+    async def drain():  # gather inside the loop: outside it, gather would bind the futures to another loop
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    loop.run_until_complete(drain())
     loop.close()
     model = load_model(vl_dir, dtype=torch.bfloat16).cuda().eval()
     diffs = []

@@ -50,7 +50,11 @@ def colocated(request, tmp_path_factory):
     pending = asyncio.all_tasks(loop)  # vLLM's output handler: let its cancellation run before the loop closes
     for task in pending:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+
+    async def drain():  # gather inside the loop: outside it, gather would bind the futures to another loop
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    loop.run_until_complete(drain())
     loop.close()
 
 

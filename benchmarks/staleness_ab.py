@@ -1,0 +1,67 @@
+"""Issue 20's staleness A/B on the demo: the demo's recipe (``molt_train.demo.Recipe``) with RL run three ways, on
+several seeds, each from the same SFT start:
+
+- ``on-policy``: ``--train.force_sync_mode`` (the demo's default): rollout k+1 starts after step k's weight sync;
+- ``stale``: ``--train.async_queue_size 1`` (the trainer's default): rollout k+1 overlaps step k, so every batch was
+  sampled by the policy one step behind, and nothing corrects for it;
+- ``stale+tis``: the same overlap, with token-level truncated IS correction against the behaviour policy's log-probs
+  (``--algo.advantage.is_correction_level token --algo.advantage.is_correction_mode trunc``).
+
+Run: ``.venv/bin/python benchmarks/staleness_ab.py --seeds 42 43 44`` (one demo run per seed and variant, about
+5 minutes each on 2 quiet cores; ``--variants`` picks some). Each run's ``result.json`` lands in
+``--output_dir/<variant>/seed<N>`` and is read, not rerun, when it exists. Prints a table of the held-out pass@1
+curves (RL step -> accuracy) and the final accuracy per seed and variant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+from pathlib import Path
+
+from molt_train.demo import Recipe, run
+
+SYNC = "--train.force_sync_mode"
+TIS = ("--algo.advantage.is_correction_level", "token", "--algo.advantage.is_correction_mode", "trunc")
+
+
+def variants(recipe: Recipe) -> dict[str, Recipe]:
+    """The three RL settings, as recipes that differ from ``recipe`` only in their RL flags."""
+    stale = tuple(f for f in recipe.rl_flags if f != SYNC)
+    if len(stale) == len(recipe.rl_flags):
+        raise SystemExit(f"the demo recipe's RL flags lack {SYNC}; this A/B assumes its default is on-policy")
+    return {
+        "on-policy": recipe,
+        "stale": dataclasses.replace(recipe, rl_flags=stale),
+        "stale+tis": dataclasses.replace(recipe, rl_flags=stale + TIS),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
+    parser.add_argument("--variants", nargs="+", default=["on-policy", "stale", "stale+tis"])
+    parser.add_argument("--output_dir", default="runs/staleness_ab")
+    args = parser.parse_args()
+    recipes = variants(Recipe())
+    unknown = sorted(set(args.variants) - set(recipes))
+    if unknown:
+        raise SystemExit(f"unknown variant(s) {unknown}; choose from {sorted(recipes)}")
+    finals: dict[str, list[float]] = {v: [] for v in args.variants}
+    for seed in args.seeds:
+        for name in args.variants:
+            out = Path(args.output_dir) / name / f"seed{seed}"
+            saved = out / "result.json"
+            r = json.loads(saved.read_text()) if saved.is_file() else run(recipes[name], out, seed, progress=False)
+            finals[name].append(100 * r["rl"]["accuracy"])
+            curve = "  ".join(f"{step}:{100 * acc:.1f}" for step, acc, _ in r["rl_curve"])
+            print(f"seed {seed} {name:10s} RL {100 * r['rl']['accuracy']:.1f}%  ({r['rl']['train_s']:.0f} s)  {curve}")
+    print("\n| variant | final held-out pass@1 per seed | mean |\n|---|---|---|")
+    for name, accs in finals.items():
+        print(f"| {name} | {' / '.join(f'{a:.1f}%' for a in accs)} | {statistics.mean(accs):.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
