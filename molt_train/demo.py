@@ -75,8 +75,8 @@ class Recipe:
 
 # ``molt-train demo --gpu``: the same lesson through the GPU stack on one H200 (vLLM rollout colocated with an FSDP2
 # bf16 rank, CUDA-IPC weight sync, Ray), a 25M-parameter model from scratch and a reasoning-gym task whose answers
-# are longer words in <answer> tags. Not measured on a GPU yet: docs/demo.md says how to run it and where its
-# figures go.
+# are longer words in <answer> tags. Run on an H200, it does not teach yet: its SFT start earns almost no reward,
+# so RL has nothing to climb (docs/demo.md, "On a GPU", has the figures and what to change).
 GPU_RECIPE = Recipe(
     env="rg/word-sorting-v1",
     demos=128,
