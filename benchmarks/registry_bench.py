@@ -12,7 +12,9 @@ running server with an aiohttp client holding ``c`` keep-alive connections (c = 
 
 Every request of a row goes to a package drawn round-robin from all of them. The client runs on the same machine,
 so its CPU counts against the server's: on 2 cores the figures are a floor; ``server CPU ms/req`` (the server's
-processes' user + system time over the row) does not depend on what else runs there. PostgreSQL is a throwaway cluster
+processes' user + system time over the row) and ``client CPU ms/req`` (the bench's own) do not depend on what else
+runs there; nor does ``PostgreSQL CPU ms/req`` (the throwaway cluster's processes): their sum is what one request
+costs the machine. PostgreSQL is a throwaway cluster
 started by the bench (``tests/env_registry/pg_cluster.py``), unless ``--pg-url`` names one.
 
     .venv/bin/python benchmarks/registry_bench.py [--backends sqlite postgresql] [--requests 3000] [--workers 1]
@@ -113,9 +115,9 @@ def publish_throughput(url: str, token: str, releases: list, concurrency: int) -
     return len(releases) / (time.perf_counter() - began)
 
 
-def server_cpu(process: subprocess.Popen) -> float:
-    """CPU seconds (user + system) of the server and its worker processes so far (Linux ``/proc``)."""
-    total, pending = 0.0, [process.pid]
+def tree_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` and its live descendants so far (Linux ``/proc``)."""
+    total, pending = 0.0, [pid]
     while pending:
         pid = pending.pop()
         with open(f"/proc/{pid}/stat") as f:
@@ -140,10 +142,13 @@ def bench_backend(backend: str, args: argparse.Namespace, releases: list, workdi
             cluster = pg_cluster.start()
             db = cluster.new_database()
     process, url, token = start_server(workdir / f"root-{backend}", db, args.workers)
+    postmaster = None  # the throwaway cluster's processes: their CPU is the database's share of a request
+    if cluster is not None:
+        postmaster = int((cluster.base / "data" / "postmaster.pid").read_text().split()[0])
     rows = []
     try:
         rate = publish_throughput(url, token, releases, concurrency=4)
-        rows.append([backend, "publish (4 clients)", "4", f"{rate:.1f} releases/s", "", "", "", ""])
+        rows.append([backend, "publish (4 clients)", "4", f"{rate:.1f} releases/s", "", "", "", "", "", ""])
         names = sorted({r.name for r in releases})
         ids = sorted({e for r in releases for e in r.env_ids})
         endpoints = {
@@ -156,9 +161,12 @@ def bench_backend(backend: str, args: argparse.Namespace, releases: list, workdi
             floor = None
             for label, paths in endpoints.items():
                 count = args.requests if concurrency > 1 else max(args.requests // 4, 200)
-                cpu_before = server_cpu(process)
+                cpu_before, client_before = tree_cpu(process.pid), time.process_time()
+                db_before = tree_cpu(postmaster) if postmaster else 0.0
                 wall, latencies = asyncio.run(drive(url, paths, concurrency, count))
-                cpu_ms = (server_cpu(process) - cpu_before) * 1000 / count
+                cpu_ms = (tree_cpu(process.pid) - cpu_before) * 1000 / count
+                client_ms = (time.process_time() - client_before) * 1000 / count
+                db_ms = f"{(tree_cpu(postmaster) - db_before) * 1000 / count:.2f}" if postmaster else ""
                 rps = len(latencies) / wall
                 floor = floor or rps
                 rows.append(
@@ -170,6 +178,8 @@ def bench_backend(backend: str, args: argparse.Namespace, releases: list, workdi
                         f"{statistics.median(latencies):.2f}",
                         f"{percentile(latencies, 99):.2f}",
                         f"{cpu_ms:.2f}",
+                        f"{client_ms:.2f}",
+                        db_ms,
                         "1.00" if label == "/api/health" else f"{rps / floor:.2f}",
                     ]
                 )
@@ -200,8 +210,11 @@ def main() -> None:
         for backend in args.backends:
             rows += bench_backend(backend, args, releases, workdir)
     print(f"\nload after: {os.getloadavg()}\n")
-    print("| backend | endpoint | clients | req/s | p50 ms | p99 ms | server CPU ms/req | vs health |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(
+        "| backend | endpoint | clients | req/s | p50 ms | p99 ms | server CPU ms/req | client CPU ms/req "
+        "| PostgreSQL CPU ms/req | vs health |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
 

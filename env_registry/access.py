@@ -47,6 +47,23 @@ def reader(request: Request, credentials: Annotated[HTTPAuthorizationCredentials
         publisher(request, credentials)
 
 
+def principal(request: Request, private: bool) -> tuple[str, str] | None:
+    """Who a read is answered for, by the rule of ``reader`` (what the page cache keys on): ``("session", publisher)``
+    for a hub login, ``("token", publisher)`` for a token on a private server, None for an anonymous read of a
+    public server.
+
+    Raises:
+        Unauthorized: a private server, and neither a session nor a token.
+        Forbidden: a private server, and an unknown or revoked token.
+    """
+    viewer = logged_in(request)
+    if viewer is not None:
+        return ("session", viewer)
+    if not private:
+        return None
+    return ("token", publisher(request, None))
+
+
 def logged_in(request: Request) -> str | None:
     """The publisher of the request's unexpired hub session cookie, or None."""
     session = request.cookies.get(SESSION_COOKIE)

@@ -29,7 +29,7 @@ class Credentials:
     def mint_token(self, publisher: str) -> tuple[int, str]:
         """A new token for ``publisher``: ``(id, token)``; only its digest is stored."""
         token = TOKEN_PREFIX + secrets.token_urlsafe(32)
-        with database.write(self.engine, exclusive=False) as db:
+        with database.write(self.engine, exclusive=False, stamp=None) as db:
             result = db.execute(
                 tokens.insert().values(
                     publisher=names.publisher_name(publisher), digest=_digest(token), created=time.time()
@@ -43,7 +43,7 @@ class Credentials:
         Raises:
             NotFound: no active token has that id.
         """
-        with database.write(self.engine) as db:
+        with database.write(self.engine, stamp=None) as db:
             revoked = db.execute(
                 tokens.update().where(tokens.c.id == token_id, tokens.c.revoked.is_(None)).values(revoked=time.time())
             )
@@ -71,7 +71,7 @@ class Credentials:
         """A new login session for an active token: the cookie value, or None when the token is not active."""
         session = secrets.token_urlsafe(32)
         now = time.time()
-        with database.write(self.engine, exclusive=False) as db:
+        with database.write(self.engine, exclusive=False, stamp=None) as db:
             token_id = db.execute(
                 sa.select(tokens.c.id).where(tokens.c.digest == _digest(token), tokens.c.revoked.is_(None))
             ).scalar()
@@ -100,7 +100,7 @@ class Credentials:
 
     def close_session(self, session: str) -> None:
         """End a login session (logging out)."""
-        with database.write(self.engine, exclusive=False) as db:
+        with database.write(self.engine, exclusive=False, stamp=None) as db:
             db.execute(sessions.delete().where(sessions.c.digest == _digest(session)))
 
 

@@ -7,6 +7,9 @@ what differs is confined to this module:
 - **Writers serialize.** ``write(engine)`` opens a transaction that holds the registry's one write lock until it
   ends: ``BEGIN IMMEDIATE`` on SQLite, a transaction-level advisory lock on PostgreSQL. A publish checks its rules
   and writes its rows under it, so concurrent publishers (threads, processes, replicas) can never both win.
+- **Every write advances a change stamp** (the one row of ``changes``, in the write's own transaction): ``content``
+  for what the index, the API and the pages show, ``downloads`` for the install counts. A server's page cache
+  (``env_registry.page_cache``) reads them per request, so every replica sees a write the moment it commits.
 - **Migrations run at start-up** (alembic, ``env_registry/migrations/versions``), under the same lock, so two
   replicas starting at once migrate once. A SQLite registry made before migrations existed holds exactly the
   schema of revision 0001: it is stamped with that revision and upgraded from there.
@@ -26,7 +29,7 @@ from env_registry.errors import Error
 
 MIGRATIONS = Path(__file__).with_name("migrations")
 LEGACY_REVISION = "0001"  # the schema every registry.db had before migrations existed
-HEAD_REVISION = "0003"  # the newest migration (a test checks it is alembic's head): opening a registry at head
+HEAD_REVISION = "0004"  # the newest migration (a test checks it is alembic's head): opening a registry at head
 # costs one query, and no import of alembic
 WRITE_LOCK_KEY = 0x6D6F6C74  # "molt": the PostgreSQL advisory lock every registry writer takes
 
@@ -109,6 +112,17 @@ evals = sa.Table(
 )
 
 
+changes = sa.Table(  # one row (id 1): the change stamps, see the module docstring
+    "changes",
+    metadata,
+    sa.Column("id", sa.Integer, primary_key=True),
+    sa.Column("content", sa.Integer, nullable=False),  # writes that change what is shown: publish, yank, verdicts
+    sa.Column("downloads", sa.Integer, nullable=False),  # wheel downloads (the install counts)
+)
+CONTENT, DOWNLOADS = "content", "downloads"
+STAMPS = sa.select(changes.c.content, changes.c.downloads).where(changes.c.id == 1)
+
+
 class DatabaseError(Error):
     """The ``--db`` URL is not a database this registry can use."""
 
@@ -166,13 +180,16 @@ def read(engine: Engine) -> Iterator[Connection]:
 
 
 @contextmanager
-def write(engine: Engine, exclusive: bool = True) -> Iterator[Connection]:
+def write(engine: Engine, exclusive: bool = True, stamp: str | None = CONTENT) -> Iterator[Connection]:
     """One write transaction; it commits when the block ends without error.
 
     Args:
         exclusive: hold the registry's write lock (publish, yank, migrate); writes that touch only their own rows
             (a download count, a token, a session) pass False and skip it on PostgreSQL. On SQLite every write
             transaction holds the database's one lock anyway.
+        stamp: the change stamp the write advances: ``CONTENT`` (the default: anything the index, the API or a
+            page shows), ``DOWNLOADS`` (an install count), or None for a write no page shows (a token, a session,
+            the gate's claim). A write that changes what is shown and passes None leaves cached pages stale.
     """
     with engine.connect() as connection:
         connection.execution_options(write=True)
@@ -180,6 +197,9 @@ def write(engine: Engine, exclusive: bool = True) -> Iterator[Connection]:
             if exclusive and engine.dialect.name == "postgresql":
                 connection.execute(sa.select(sa.func.pg_advisory_xact_lock(WRITE_LOCK_KEY)))
             yield connection
+            if stamp is not None:
+                column = changes.c[stamp]
+                connection.execute(changes.update().where(changes.c.id == 1).values({column: column + 1}))
 
 
 def migrate(engine: Engine) -> None:
@@ -190,7 +210,7 @@ def migrate(engine: Engine) -> None:
     from alembic import command
 
     config = alembic_config()
-    with write(engine) as connection:  # under the write lock: two replicas starting together migrate once
+    with write(engine, stamp=None) as connection:  # under the write lock: two replicas starting together migrate once
         config.attributes["connection"] = connection
         current = _current_revision(connection)
         if current is None and sa.inspect(connection).has_table("packages"):

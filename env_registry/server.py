@@ -35,12 +35,15 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, RedirectResponse
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, Field
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from env_registry import names
 from env_registry.access import STATUS, TOKEN_NEEDED, Publisher, Reader
 from env_registry.artifacts import InvalidArtifact, inspect_release
 from env_registry.errors import Error
 from env_registry.eval_summaries import MAX_SUMMARY_BYTES, parse_summary
+from env_registry.page_cache import PageCache
 from env_registry.store import (
     EnvIdInfo,
     EvalRecord,
@@ -105,22 +108,6 @@ def create_app(
     @app.exception_handler(Error)
     async def registry_error(request: Request, exc: Error) -> JSONResponse:
         return _error(next((code for cls, code in STATUS.items() if isinstance(exc, cls)), 400), str(exc))
-
-    @app.middleware("http")
-    async def limit_upload_size(request: Request, call_next: Any) -> Any:
-        if request.method in ("POST", "PUT", "PATCH"):
-            form = request.url.path in FORM_PATHS
-            if not form and "authorization" not in request.headers:  # refuse before reading (and spooling) any body
-                return _error(401, TOKEN_NEEDED)
-            length = request.headers.get("content-length")
-            if length is None or not length.isdigit():
-                return _error(411, "send a Content-Length header (chunked uploads are refused)")
-            limit = MAX_FORM_BYTES if form else max_upload_bytes
-            if int(length) > limit:
-                return _error(
-                    413, f"the upload is {int(length)} bytes; this registry accepts at most {limit} bytes per request"
-                )
-        return await call_next(request)
 
     @app.get("/api/health")
     def health() -> Health:
@@ -235,7 +222,46 @@ def create_app(
 
     app.include_router(hub_router())
     app.mount("/static", StaticFiles(directory=Path(__file__).with_name("static")), name="static")
+    app.add_middleware(PageCache, registry=registry, private=private)
+    app.add_middleware(UploadLimit, max_upload_bytes=max_upload_bytes)  # outermost: before any body is read
     return app
+
+
+class UploadLimit:
+    """ASGI middleware refusing an upload before its body is read: one without a token (the hub's forms aside),
+    without a Content-Length, or larger than the server accepts. (Plain ASGI: Starlette's ``@app.middleware`` costs
+    a task and two memory streams per request, the GETs included.)
+
+    Args:
+        app: the application it wraps.
+        max_upload_bytes: the largest request body accepted (``MAX_FORM_BYTES`` for a form).
+    """
+
+    def __init__(self, app: ASGIApp, max_upload_bytes: int) -> None:
+        self.app = app
+        self.max_upload_bytes = max_upload_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT", "PATCH"):
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                return await refusal(scope, receive, send)
+        await self.app(scope, receive, send)
+
+    def _refusal(self, scope: Scope) -> JSONResponse | None:
+        headers = Headers(scope=scope)
+        form = scope["path"] in FORM_PATHS
+        if not form and "authorization" not in headers:  # refuse before reading (and spooling) any body
+            return _error(401, TOKEN_NEEDED)
+        length = headers.get("content-length")
+        if length is None or not length.isdigit():
+            return _error(411, "send a Content-Length header (chunked uploads are refused)")
+        limit = MAX_FORM_BYTES if form else self.max_upload_bytes
+        if int(length) > limit:
+            return _error(
+                413, f"the upload is {int(length)} bytes; this registry accepts at most {limit} bytes per request"
+            )
+        return None
 
 
 def _error(status: int, detail: str) -> JSONResponse:

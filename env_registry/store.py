@@ -472,7 +472,7 @@ class LocalRegistry(Credentials, EvalSummaries, ValidationStates):
             text, content_type = read_readme(self.file_path(info.package, info.wheel.filename))
         except (InvalidArtifact, NotFound):
             text, content_type = "", None
-        with database.write(self.engine, exclusive=False) as db:
+        with database.write(self.engine, exclusive=False, stamp=None) as db:  # the same text: no stamp
             db.execute(releases.update().where(*key).values(readme=text, readme_type=content_type))
         return text, content_type
 
@@ -489,7 +489,7 @@ class LocalRegistry(Credentials, EvalSummaries, ValidationStates):
 
     def count_download(self, package: str, filename: str) -> None:
         """Count one download of ``filename`` against its release when it is a wheel (the install count)."""
-        with database.write(self.engine, exclusive=False) as db:
+        with database.write(self.engine, exclusive=False, stamp=database.DOWNLOADS) as db:
             row = db.execute(
                 sa.select(files.c.version).where(
                     files.c.package == package, files.c.filename == filename, files.c.kind == "wheel"

@@ -70,7 +70,7 @@ class ValidationStates:
         """
         now = time.time() if now is None else now
         c = releases.c
-        with database.write(self.engine, exclusive=False) as db:
+        with database.write(self.engine, exclusive=False, stamp=None) as db:
             claimed = db.execute(
                 releases.update()
                 .where(

@@ -89,7 +89,7 @@ def test_a_root_made_before_migrations_keeps_working(echo, tmp_path):
 
     registry = LocalRegistry(root)  # migrates: stamps the old schema as 0001, upgrades to the newest
     with sqlite3.connect(root / "registry.db") as db:
-        assert db.execute("SELECT version_num FROM alembic_version").fetchone() == ("0003",)
+        assert db.execute("SELECT version_num FROM alembic_version").fetchone() == ("0004",)
     assert registry.resolve("acme/echo-v1").version == "1.0.1"
     old = registry.release("acme-echo", "1.0.0")
     assert old.yanked and old.yanked_reason == "old bug" and old.downloads == 0 and old.validation_status is None
