@@ -116,13 +116,14 @@ def publish_throughput(url: str, token: str, releases: list, concurrency: int) -
 
 
 def tree_cpu(pid: int) -> float:
-    """CPU seconds (user + system) of process ``pid`` and its live descendants so far (Linux ``/proc``)."""
+    """CPU seconds (user + system) of process ``pid`` and its descendants so far, live or reaped (Linux ``/proc``)."""
     total, pending = 0.0, [pid]
     while pending:
         pid = pending.pop()
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
-        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        # its own time and its reaped children's (PostgreSQL ends backends when the pool closes overflow connections)
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
         for task in Path(f"/proc/{pid}/task").iterdir():
             pending += [int(child) for child in (task / "children").read_text().split()]
     return total
