@@ -20,6 +20,7 @@ the hub's package page), replayed without running the route while the registry d
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import sqlite3
 from collections import OrderedDict
 from typing import Any
@@ -38,6 +39,7 @@ STAMP_SQL = "SELECT content, downloads FROM changes WHERE id = 1"
 CACHED = {"/simple/": (0,), "/p/": (0,), "/api/resolve": (0, 1), "/packages/": (0, 1)}
 MAX_ENTRY_BYTES = 1 << 20
 MAX_TOTAL_BYTES = 64 << 20
+STAMP_TIMEOUT_S = 10.0  # a stamp read (connecting included) that takes longer leaves its requests uncached
 
 
 class Stamps:
@@ -80,22 +82,28 @@ class Stamps:
             return None
 
     async def _read_postgresql(self) -> None:
-        import psycopg
-
         try:
             while self._next is not None:
                 waiting, self._next = self._next, None
                 try:
-                    if self._db is None:
-                        conninfo = self.registry.url.set(drivername="postgresql").render_as_string(hide_password=False)
-                        self._db = await psycopg.AsyncConnection.connect(conninfo, autocommit=True, connect_timeout=10)
-                    cursor = await self._db.execute(STAMP_SQL)
-                    waiting.set_result(await cursor.fetchone())
+                    waiting.set_result(await asyncio.wait_for(self._query_postgresql(), STAMP_TIMEOUT_S))
                 except Exception:  # any failure: those waiting go uncached, the next read reconnects
-                    self._db = None
+                    broken, self._db = self._db, None
                     waiting.set_result(None)
+                    if broken is not None:
+                        with contextlib.suppress(Exception):
+                            await broken.close()
         finally:
             self._reading = False
+
+    async def _query_postgresql(self) -> tuple[int, int]:
+        import psycopg  # only a PostgreSQL registry needs it
+
+        if self._db is None:
+            conninfo = self.registry.url.set(drivername="postgresql").render_as_string(hide_password=False)
+            self._db = await psycopg.AsyncConnection.connect(conninfo, autocommit=True)
+        cursor = await self._db.execute(STAMP_SQL)
+        return await cursor.fetchone()
 
 
 class PageCache:
