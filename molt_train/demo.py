@@ -28,7 +28,7 @@ import shutil
 import signal
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +70,7 @@ class Recipe:
     )  # fmt: skip
     ray_cpus: int = 2  # CPUs of the local Ray instance
     max_len: int | None = None  # --data.max_len of every command (prompt + answer), None: the trainer's default
-    extra: dict[str, Any] = field(default_factory=dict)
+    eval_rows: int | None = None  # held-out rows each evaluation scores (the first N), None: the whole test split
 
 
 # ``molt-train demo --gpu``: the same lesson through the GPU stack on one H200 (vLLM rollout colocated with an FSDP2
@@ -143,6 +143,7 @@ def run(recipe: Recipe, out: Path, seed: int, progress: bool = True) -> dict[str
     tokens = str(recipe.max_new_tokens)
     eval_flags = ["--env", recipe.env, "--rollout.max_new_tokens", tokens, "--eval.max_new_tokens", tokens]
     eval_flags += [] if recipe.max_len is None else ["--data.max_len", str(recipe.max_len)]
+    eval_flags += [] if recipe.eval_rows is None else ["--eval.max_samples", str(recipe.eval_rows)]
     common = eval_flags + [
         "--train.seed", str(seed), "--ray.num_cpus", str(recipe.ray_cpus), "--actor.num_threads", str(recipe.threads),
     ] + ([] if progress else ["--no-logger.progress"])  # fmt: skip
@@ -194,7 +195,7 @@ def run(recipe: Recipe, out: Path, seed: int, progress: bool = True) -> dict[str
         "seed": seed,
         "demos": recipe.demos,
         "train_prompts": split_rows(recipe.env, "train"),
-        "test_rows": split_rows(recipe.env, "test"),
+        "test_rows": min(split_rows(recipe.env, "test"), recipe.eval_rows or math.inf),
         "sft_start": {"step": recipe.sft_start, "accuracy": start_acc, "train_s": start_time},
         "baseline": {
             "steps": recipe.sft_steps,

@@ -67,8 +67,17 @@ def pytest_configure(config):
     )
 
 
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`): the trainer's tests in one, in their usual
+# order, everything else in the other, in theirs. Most of a test's time is spent waiting on processes it started
+# (Ray workers importing torch, servers, pip, jails), so the two streams overlap well on two cores; splitting finer
+# would break the order the files' module fixtures assume (one local Ray instance at a time per stream, the venv
+# that the README and registry tests install into).
+TRAINER_TESTS = "tests/molt_train/"
+
+
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        item.add_marker(pytest.mark.xdist_group("trainer" if item.nodeid.startswith(TRAINER_TESTS) else "rest"))
         reasons = " ".join(str(m.kwargs.get("reason", "")) for m in item.iter_markers() if m.name in ("skip", "skipif"))
         if item.nodeid.startswith("tests/sandboxes/") or "sandbox" in reasons or "isolation" in reasons:
             item.add_marker("isolation")

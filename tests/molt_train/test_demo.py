@@ -18,6 +18,7 @@ TINY = replace(
     eval_every=2,
     rl_steps=2,
     rl_eval_every=1,
+    eval_rows=40,
     sft_flags=("--model.config", "tiny", "--model.hidden_size", "32", "--train.batch_size", "16"),
     rl_flags=(
         "--algo.advantage.estimator",
@@ -52,7 +53,7 @@ def test_the_demo_reports_three_figures_and_writes_the_report(two_runs, capsys):
     assert [s for s, _, _ in result["rl_curve"]] == [0, 1, 2]
     assert result["rl_curve"][0][1] == result["sft_start"]["accuracy"]  # RL starts from the SFT start checkpoint
     assert result["baseline"]["accuracy"] == max(a for _, a, _ in result["sft_curve"])
-    assert result["baseline"]["steps"] == 4 and result["train_prompts"] == 20000
+    assert result["baseline"]["steps"] == 4 and result["train_prompts"] == 20000 and result["test_rows"] == 40
     assert len(result["rewards"]) == 2 and all(0 <= r <= 1 for _, r in result["rewards"])
     assert os.path.getsize(result["report"]) > 10_000
     demo.print_summary(result)
