@@ -4,10 +4,14 @@ model, next to a plain loop of SDK calls doing the same requests, at 1, 16 and 6
 One ``molt-train serve`` process (hf engine, CPU, the tiny Qwen2 model of the tests, built from scratch) serves both.
 Per sample both sides make the same three requests: ``POST /sessions`` (the sample's sampling parameters and seed),
 one OpenAI chat completion through ``openai.AsyncOpenAI`` on the session's URL, ``DELETE`` the session. The eval side
-is the real ``evaluate()`` with ``EndpointPolicy`` on ``molt/arith-v1`` (grading, the record, its fsync-ed append to
+is the real ``evaluate()`` with ``EndpointPolicy`` on ``molt/arith-v1`` (grading, the record, its append to
 ``samples.jsonl``, the summary and report at the end); the plain side only makes the calls, with an
-``asyncio.Semaphore`` for the concurrency. The two alternate, ``--repeats`` times per level; the table keeps each
-side's best run. Overhead ratio = plain samples/s / eval samples/s (goal <= 1.1).
+``asyncio.Semaphore`` for the concurrency. Each side's clock starts before it makes its HTTP clients. Before the
+timed runs, one untimed run of each side per level (the warm-up: connections, first calls, matplotlib's import) is
+recorded request by request, and the bench stops unless both sent the same requests (method, path, JSON body: the
+same sessions, messages, sampling parameters, seeds and ``n``), the eval's one ``GET /health`` probe aside. The two
+then alternate, ``--repeats`` times per level; the table keeps each side's best run, the lines above it print every
+run and the load average. Overhead ratio = plain samples/s / eval samples/s (goal <= 1.1).
 
 ``molt/arith-v1`` is single-turn, so ``molt-env eval`` would send a prompt's 4 samples as one request with ``n=4``;
 by default the eval side is held to one request per sample (``EndpointPolicy(use_n=False)``) so both sides make the
@@ -21,12 +25,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import re
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,6 +74,7 @@ async def plain_loop(url: str, tasks, settings, concurrency: int, use_n: bool = 
     jobs = [(p, s) for p in range(len(task.rows)) for s in ([0] if use_n else range(settings.n))]
     semaphore = asyncio.Semaphore(concurrency)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=1024)
+    start = time.perf_counter()  # the clients' making counts, as the eval's policy.start() does
     async with (
         httpx.AsyncClient(base_url=url, limits=limits, timeout=600) as http,
         AsyncOpenAI(base_url=f"{url}/v1", api_key="EMPTY", max_retries=4, timeout=600) as client,
@@ -88,12 +97,13 @@ async def plain_loop(url: str, tasks, settings, concurrency: int, use_n: bool = 
                 )
                 await http.delete(f"/sessions/{session['session_id']}")
 
-        start = time.perf_counter()
         await asyncio.gather(*(one(p, s) for p, s in jobs))
-        return time.perf_counter() - start
+    return time.perf_counter() - start
 
 
-async def eval_run(url: str, tasks, settings, use_n: bool = False) -> float:
+async def eval_run(url: str, tasks, settings, use_n: bool = False) -> tuple[float, float]:
+    """One ``evaluate()`` into a fresh directory; returns its wall seconds and, of those, the sampling's (the rest:
+    the store's set-up and close, ``summary.json``, ``report.md`` and ``report.png``)."""
     from env_registry.evaluation import evaluate
     from env_registry.evaluation.endpoint import EndpointPolicy
 
@@ -103,7 +113,57 @@ async def eval_run(url: str, tasks, settings, use_n: bool = False) -> float:
         wall = time.perf_counter() - start
     if summary["failures"]:
         raise RuntimeError(f"the eval had failures: {summary['failures']}")
-    return wall
+    return wall, summary["wall_s_this_run"]
+
+
+@contextlib.contextmanager
+def recording() -> Iterator[Counter]:
+    """Every HTTP request sent in this process, as ``(method, path, JSON body)`` with session IDs blanked, counted:
+    ``httpx.AsyncClient.send`` wrapped, and ``httpx2``'s, which the openai SDK sends with from its 3.x releases."""
+    import httpx
+
+    classes = [httpx.AsyncClient]
+    with contextlib.suppress(ImportError):
+        import httpx2
+
+        classes.append(httpx2.AsyncClient)
+    sent: Counter = Counter()
+
+    def wrap(original):
+        async def send(self, request, **kwargs):
+            path = re.sub(r"/(sessions|s)/[^/]+", r"/\1/ID", request.url.path)
+            body = json.dumps(json.loads(request.content), sort_keys=True) if request.content else ""
+            sent[(request.method, path, body)] += 1
+            return await original(self, request, **kwargs)
+
+        return send
+
+    originals = [(cls, cls.send) for cls in classes]
+    for cls, original in originals:
+        cls.send = wrap(original)
+    try:
+        yield sent
+    finally:
+        for cls, original in originals:
+            cls.send = original
+
+
+def check_same_requests(url: str, tasks, settings, level: int, use_n: bool) -> None:
+    """One untimed run of each side (also the warm-up: connections, first calls, the report's imports), recorded;
+    the eval may add only its one ``GET /health`` probe.
+
+    Raises:
+        RuntimeError: the two sides sent different requests, naming the first few that differ.
+    """
+    with recording() as plain:
+        asyncio.run(plain_loop(url, tasks, settings, level, use_n))
+    with recording() as evals:
+        asyncio.run(eval_run(url, tasks, settings, use_n))
+    evals.pop(("GET", "/health", ""), None)
+    if plain != evals:
+        only_plain, only_eval = list((plain - evals).items())[:3], list((evals - plain).items())[:3]
+        raise RuntimeError(f"the two sides sent different requests: plain only {only_plain}, eval only {only_eval}")
+    print(f"concurrency {level}: both sides sent the same {sum(plain.values())} requests", flush=True)
 
 
 def main() -> None:
@@ -125,15 +185,22 @@ def main() -> None:
             rows = []
             for level in args.levels:
                 settings = EvalSettings(n=4, max_new_tokens=args.max_new_tokens, concurrency=level, temperature=1.0)
-                asyncio.run(plain_loop(url, tasks, settings, level, args.use_n))  # warm-up: connections, first calls
+                check_same_requests(url, tasks, settings, level, args.use_n)
                 plain, evals = [], []
                 for _ in range(args.repeats):
                     plain.append(asyncio.run(plain_loop(url, tasks, settings, level, args.use_n)))
                     evals.append(asyncio.run(eval_run(url, tasks, settings, args.use_n)))
                 n = len(tasks[0].rows) * settings.n
-                row = (level, n, n / min(plain), n / min(evals), min(evals) / min(plain))
+                best = min(evals)
+                row = (level, n, n / min(plain), n / best[0], best[0] / min(plain))
                 rows.append(row)
-                print(f"concurrency {level}: plain {row[2]:.1f}/s, eval {row[3]:.1f}/s, ratio {row[4]:.3f}", flush=True)
+                runs = ", ".join(f"{p:.2f}/{e:.2f}" for p, (e, _) in zip(plain, evals, strict=True))
+                print(
+                    f"concurrency {level}: plain {row[2]:.1f}/s, eval {row[3]:.1f}/s, ratio {row[4]:.3f}; best eval "
+                    f"{best[0]:.2f} s = sampling {best[1]:.2f} + outputs {best[0] - best[1]:.2f} (runs plain/eval s: "
+                    f"{runs}; load average {' '.join(f'{x:.1f}' for x in os.getloadavg())})",
+                    flush=True,
+                )
         finally:
             proc.terminate()
             proc.wait(30)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -61,6 +62,10 @@ async def evaluate(
         "started": now(),
     }
     store.begin(header, RESUME_MUST_MATCH)
+    if out is not None and report:  # matplotlib's import overlaps the sampling (Python's import lock orders it)
+        from env_registry.evaluation.report import load_pyplot
+
+        threading.Thread(target=load_pyplot, name="eval-report-import", daemon=True).start()
     todo = [
         (task, prompt_id, [s for s in range(settings.n) if not store.has((task.env_id, prompt_id, s))])
         for task in tasks
@@ -122,7 +127,7 @@ async def _worker(jobs, policy: Policy, settings: EvalSettings, store: SampleSto
         else:
             records = await play_choices(task, prompt_id, samples, policy, settings)
         for record in records:
-            await store.add(record)
+            store.add(record)
             if on_sample is not None:
                 on_sample(record)
 

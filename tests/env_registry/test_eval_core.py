@@ -66,6 +66,45 @@ def test_the_store_drops_a_torn_line_and_refuses_a_corrupt_one(tmp_path):
     (tmp_path / "samples.jsonl").write_text("not json\n" + json.dumps(good) + "\n")
     with pytest.raises(Error, match=r"samples.jsonl:1 is not a sample record"):
         SampleStore(tmp_path)
+    (tmp_path / "samples.jsonl").write_bytes(json.dumps(good).encode() + b"\n" + b'{"env_id"' + b"\0" * 4096)
+    assert list(SampleStore(tmp_path).records) == [("e", 0, 0)]  # the zero-filled tail a machine crash can leave
+    assert (tmp_path / "samples.jsonl").read_text() == json.dumps(good) + "\n"
+
+
+def test_the_store_writes_each_record_at_once_and_group_commits_the_fsyncs(tmp_path, monkeypatch):
+    """A record is in the file when ``add`` returns (a killed eval keeps it); ``fsync``s come one per batch, and the
+    last one, at ``close``, covers every record."""
+    import os
+
+    from env_registry.evaluation import samples as samples_module
+
+    synced: list[int] = []  # the file's size at each fsync
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(os.fstat(fd).st_size), real_fsync(fd)))
+    monkeypatch.setattr(samples_module, "FSYNC_INTERVAL_S", 3600.0)  # one batch before close, at most
+    store = SampleStore(tmp_path)
+    for i in range(40):
+        store.add({"env_id": "e", "prompt_id": i, "sample": 0, "reward": 1.0})
+        assert len((tmp_path / "samples.jsonl").read_text().splitlines()) == i + 1
+    store.close()
+    size = (tmp_path / "samples.jsonl").stat().st_size
+    assert 1 <= len(synced) <= 2 and synced[-1] == size
+    assert len(SampleStore(tmp_path).records) == 40
+
+
+def test_records_added_survive_a_killed_process(tmp_path):
+    """SIGKILL right after the last ``add``, with no ``close``: every record is in the file."""
+    import subprocess
+
+    code = (
+        "import os, signal, sys; from env_registry.evaluation.samples import SampleStore; "
+        "store = SampleStore(sys.argv[1]); "
+        "[store.add({'env_id': 'e', 'prompt_id': i, 'sample': 0}) for i in range(25)]; "
+        "os.kill(os.getpid(), signal.SIGKILL)"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, timeout=120)
+    assert done.returncode == -9, done.stderr
+    assert sorted(SampleStore(tmp_path).records) == [("e", i, 0) for i in range(25)]
 
 
 def scripted(*replies: Reply):
