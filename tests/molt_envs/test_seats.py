@@ -61,17 +61,16 @@ async def test_self_play_gives_one_token_exact_trajectory_per_seat(tiny_tokenize
 async def test_v1_keeps_its_board_text_and_v2_adds_the_free_line(tiny_tokenizer):
     """``-v1`` shows the board exactly as before the ``Free:`` line existed; ``-v2`` is the same game (moves,
     rewards, turns) whose boards end with it. Pinning the older version works, with Gymnasium's out-of-date warning."""
-    with pytest.warns(env_registry.DeprecatedEnvWarning, match="'molt/tictactoe-v1' is out of date; consider molt/tictactoe-v2"):
+    out_of_date = "'molt/tictactoe-v1' is out of date; consider molt/tictactoe-v2"
+    with pytest.warns(env_registry.DeprecatedEnvWarning, match=out_of_date):
         v1_runner = env_registry.runner_for(TTT_V1)
     games = {}
     for env_id, runner in ((TTT_V1, v1_runner), (TTT, env_registry.runner_for(TTT))):
         engine = ScriptedEngine(tiny_tokenizer, lambda n, ids: first_free(n, ids, tiny_tokenizer))
         games[env_id] = await run(runner, {"seed": 3}, engine, tiny_tokenizer)
     (x1, o1), (x2, o2) = games[TTT_V1], games[TTT]
-    assert [(t.reward, t.num_turns) for t in (x1, o1)] == [(t.reward, t.num_turns) for t in (x2, o2)] == [
-        (1.0, 4),
-        (-1.0, 3),
-    ]
+    outcomes = [(t.reward, t.num_turns) for t in (x1, o1)]
+    assert outcomes == [(t.reward, t.num_turns) for t in (x2, o2)] == [(1.0, 4), (-1.0, 3)]
     assert x1.env_id == TTT_V1 and x1.spec_hash == env_registry.spec(TTT_V1).hash != env_registry.spec(TTT).hash
     v1_text, v2_text = tiny_tokenizer.decode(x1.token_ids), tiny_tokenizer.decode(x2.token_ids)
     # the pre-e1e9ca0 board X saw before its 3rd move, byte for byte, and no Free line anywhere in the game
