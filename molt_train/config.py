@@ -273,7 +273,7 @@ class EvalConfig:
     split: str = option("test", "held-out split for evaluation")
     steps: int = option(0, "evaluate every N steps (0 = only at the end)", minimum=0, commands=RL)
     max_samples: int | None = option(
-        None, "evaluate on at most this many rows (sft: 0 skips the final eval)", minimum=0
+        None, "evaluate on at most this many rows, of each env in a mix (sft: 0 skips the final eval)", minimum=0
     )
     max_new_tokens: int | None = option(None, "generation budget at eval (default: the rollout's)", minimum=1)
     temperature: float = option(0.0, "eval sampling temperature (0 = greedy)", minimum=0)
@@ -497,9 +497,15 @@ class SFTConfig:
 
 @dataclass(frozen=True)
 class EvalCommandConfig:
-    """``molt-train eval``: a checkpoint's accuracy on an env's held-out split."""
+    """``molt-train eval``: a checkpoint's accuracy on an env's held-out split (or on each env's of a mix)."""
 
-    env: str | None = option(None, "registered env ID (ns/name-vN); its --eval.split gives the rows")
+    env: tuple[str, ...] = option(
+        (),
+        "registered env ID (ns/name-vN); its --eval.split gives the rows. Repeat (ID or ID:WEIGHT, as for rl and "
+        "sft) to score each env's split: figures per env (<ID>/accuracy, ...) next to the overall ones, which are "
+        "over all rows (a weight changes nothing here)",
+        repeat=True,
+    )
     actor: ActorConfig = group(ActorConfig, only=("model_name_or_path",))
     data: DataConfig = group(DataConfig, only=("max_len",))
     rollout: RolloutConfig = group(RolloutConfig, only=("max_new_tokens", "timeout_s", "max_batch_size"))
@@ -507,11 +513,16 @@ class EvalCommandConfig:
     eval: EvalConfig = group(EvalConfig)
 
     def __post_init__(self) -> None:
+        check_env_mix(self)
         flags.check_declared(self, "eval")
         if self.actor.model_name_or_path is None:
             raise ConfigError("--actor.model_name_or_path is required (the checkpoint to score)")
-        if self.env is None:
+        if not self.env:
             raise ConfigError("pass --env ns/name-vN (its --eval.split gives the rows)")
+        if len(self.env) > 1 and self.eval.dataset:
+            raise ConfigError(
+                f"--eval.dataset {self.eval.dataset!r} holds one env's rows; give one --env with it, not a mix"
+            )
 
 
 COMMANDS: dict[str, type] = {"rl": RLConfig, "sft": SFTConfig, "eval": EvalCommandConfig}

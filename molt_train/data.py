@@ -29,7 +29,7 @@ def env_mix(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> list[MixEntry]:
     return parse_env_mix((env,) if isinstance(env, str) else env) if env else []
 
 
-def check_env_mix(cfg: RLConfig | SFTConfig) -> None:
+def check_env_mix(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> None:
     """Make ``cfg.env`` a tuple of ``--env`` values, each a known ID with a valid weight, before anything starts.
 
     Raises:

@@ -1,4 +1,5 @@
-"""``molt-train eval --env ID --actor.model_name_or_path DIR``: greedy accuracy on a held-out split, in-process."""
+"""``molt-train eval --env ID [--env ID2 ...] --actor.model_name_or_path DIR``: greedy accuracy on held-out splits,
+in-process; one JSON line, with each env's figures (``<ID>/accuracy``, ...) next to the overall ones."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 from collections.abc import Sequence
 
 from molt_train.config import parse
+from molt_train.data import env_mix
 from molt_train.rollout import evaluate_checkpoint
 from molt_train.runtime import quiet
 
@@ -14,5 +16,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = parse("eval", argv)
     quiet()
     result = evaluate_checkpoint(cfg, cfg.actor.model_name_or_path)
-    print(json.dumps({"env": cfg.env, "split": cfg.eval.split, **result}))
+    ids = [entry.env_id for entry in env_mix(cfg)]
+    env = ids[0] if len(ids) == 1 else ids  # one env: its ID, as before mixes existed
+    print(json.dumps({"env": env, "split": cfg.eval.split, **result}))
     return 0

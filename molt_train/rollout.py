@@ -440,8 +440,9 @@ def eval_sampling(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> dict[str, An
 
 
 def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Path) -> dict[str, float]:
-    """Score ``model_path`` on ``--eval.split`` of ``--env`` in this process (no Ray), ``--eval.n_samples_per_prompt``
-    samples per row, through the same loop as ``molt-env eval``; on a GPU when this process sees one."""
+    """Score ``model_path`` on ``--eval.split`` of each ``--env`` (at most ``--eval.max_samples`` rows of each) in this
+    process (no Ray), ``--eval.n_samples_per_prompt`` samples per row, through the same loop as ``molt-env eval``; on
+    a GPU when this process sees one. Returns ``RolloutWorker.evaluate``'s figures: overall and per env."""
     worker = RolloutWorker(
         str(model_path),
         env_id=[e.env_id for e in env_mix(cfg)],

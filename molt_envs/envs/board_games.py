@@ -1,9 +1,10 @@
-"""``molt/tictactoe-v1`` and ``molt/connect-four-v1``: PettingZoo's classic board games as multi-seat text games
-(``molt_envs.bridges.PettingZooGame``), self-play by default.
+"""``molt/tictactoe-v1``, ``molt/tictactoe-v2`` and ``molt/connect-four-v1``: PettingZoo's classic board games as
+multi-seat text games (``molt_envs.bridges.PettingZooGame``), self-play by default.
 
 The first seat plays ``X``, the second ``O``. Each turn a seat is shown the board; free tic-tac-toe squares show
-their number (and a ``Free:`` line lists them), and connect four shows the column numbers above the board. The model may think first: the last number
-of its reply is the move. A reply without a number, or a move onto a taken square or a full column, forfeits the
+their number (``-v2`` adds a ``Free:`` line listing them: the same game and rewards, another observation), and
+connect four shows the column numbers above the board. The model may think first: the last number of its reply is
+the move. A reply without a number, or a move onto a taken square or a full column, forfeits the
 game (-1 for the seat, +1 for the other): a counted ``illegal_move``, never a crash.
 
 Splits (``game_split``): ``train`` is self-play episode seeds; ``test`` plays against a uniformly random player,
@@ -26,15 +27,21 @@ def _marks(agent: str, env: Any) -> tuple[str, str]:
 
 
 def tictactoe_board(observation: Any, agent: str, env: Any) -> str:
-    """Three rows (a free square shows its number 0-8, a taken one its mark), then the free squares' list."""
+    """``molt/tictactoe-v1``'s board: three rows; a free square shows its number (0-8), a taken one its mark."""
     planes = observation["observation"]
     me, other = _marks(agent, env)
     rows = []
     for r in range(3):
         cells = [me if planes[r][c][0] else other if planes[r][c][1] else str(3 * r + c) for c in range(3)]
         rows.append(" ".join(cells))
+    return "\n".join(rows)
+
+
+def tictactoe_board_free(observation: Any, agent: str, env: Any) -> str:
+    """``molt/tictactoe-v2``'s board: ``-v1``'s three rows, then a ``Free:`` line listing the free squares (the legal
+    moves spelled out, as text-game suites do, so a small model can copy one)."""
     free = [str(i) for i, ok in enumerate(observation["action_mask"]) if ok]
-    return "\n".join(rows) + "\nFree: " + " ".join(free)
+    return tictactoe_board(observation, agent, env) + "\nFree: " + " ".join(free)
 
 
 def tictactoe_rules(agent: str, env: Any) -> str:

@@ -17,14 +17,15 @@ from env_registry.manifest import manifests_from_catalog
 from molt_envs import SamplingParams
 
 BUILT_IN = sorted(i for i in env_registry.registry if env_registry.registry[i].package == "molt-ecosystem")
-CATALOG = [i for i in BUILT_IN if i.startswith(("gym/", "rg/")) or i in ("molt/tictactoe-v1", "molt/connect-four-v1")]
+GAMES = ("molt/tictactoe-v1", "molt/tictactoe-v2", "molt/connect-four-v1")
+CATALOG = [i for i in BUILT_IN if i.startswith(("gym/", "rg/")) or i in GAMES]
 RG = [i for i in CATALOG if i.startswith("rg/")]
 
 
 def test_the_catalog_has_the_promised_ids():
     assert len(RG) >= 10
     assert {"gym/frozen-lake-v1", "gym/taxi-v1", "gym/cliff-walking-v1", "gym/blackjack-v1"} <= set(CATALOG)
-    assert env_registry.spec("molt/tictactoe-v1").kind == env_registry.spec("molt/connect-four-v1").kind == "game"
+    assert {env_registry.spec(i).kind for i in GAMES} == {"game"} and set(GAMES) <= set(CATALOG)
 
 
 @pytest.mark.parametrize("env_id", CATALOG)
@@ -49,8 +50,9 @@ def test_list_groups_by_namespace_and_filters_by_tag(capsys):
     out = capsys.readouterr().out
     for namespace in ("gym", "molt", "rg"):
         assert f"===== {namespace} =====" in out
-    line = next(x for x in out.splitlines() if "molt/tictactoe-v1" in x)
-    assert line.split()[1:5] == ["game", "text", "turns", "5"] and "self-play" in line
+    for version in ("v1", "v2"):  # the board text changed in v2: both versions stay listed
+        line = next(x for x in out.splitlines() if x.split()[0] == f"molt/tictactoe-{version}")
+        assert line.split()[1:5] == ["game", "text", "turns", "5"] and "self-play" in line
     assert main(["list", "--tag", "game"]) == 0
     games = [x.split()[0] for x in capsys.readouterr().out.splitlines() if not x.startswith("=")]
     assert set(games) == {i for i in env_registry.registry if "game" in env_registry.spec(i).tags}

@@ -340,3 +340,56 @@ def test_molt_train_eval_is_the_same_loop_with_pass_at_k(checkpoint, capsys):
     assert [k for k in result if k.startswith("pass@")] == ["pass@1", "pass@2", "pass@3", "pass@4"]
     assert result["accuracy"] == pytest.approx(result["pass@1"])  # 0/1 rewards, every sample completed
     assert result["pass@4"] > 0.0 and result["pass@1"] <= result["pass@4"] <= 1.0
+
+
+def test_molt_train_eval_scores_each_env_of_a_mix_next_to_the_overall_figures(checkpoint, capsys):
+    """``molt-train eval --env A:W --env B``: ``--eval.max_samples`` rows of each env, each env's figures as its own
+    eval would give them, the overall ones over all rows (a weight changes nothing at eval)."""
+    import json
+
+    from molt_train import eval_cli
+
+    arith, sort = "molt/arith-v1", "molt/sort-v1"
+    common = ["--actor.model_name_or_path", str(checkpoint), "--eval.max_samples", "3", "--rollout.max_new_tokens", "4"]
+
+    def run(*envs: str) -> dict:
+        assert eval_cli.main([*(a for e in envs for a in ("--env", e)), *common]) == 0
+        return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+    mixed = run(f"{arith}:3", sort)
+    assert mixed["env"] == [arith, sort] and mixed["split"] == "test"
+    assert mixed["num_rows"] == 6 and mixed[f"{arith}/num_rows"] == mixed[f"{sort}/num_rows"] == 3
+    for env_id in (arith, sort):
+        alone = run(env_id)
+        assert alone["env"] == env_id and alone["num_rows"] == 3  # one env prints as before
+        for key in ("accuracy", "failed", "response_length", "pass@1"):
+            assert mixed[f"{env_id}/{key}"] == pytest.approx(alone[key]), (env_id, key)
+    assert mixed["accuracy"] == pytest.approx((mixed[f"{arith}/accuracy"] + mixed[f"{sort}/accuracy"]) / 2)
+    assert mixed["failed"] == mixed[f"{arith}/failed"] + mixed[f"{sort}/failed"]
+    assert 0.0 < mixed[f"{sort}/response_length"] <= 4
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--env", "molt/arith-v1", "--env", "molt/sortt-v1"], r"--env 'molt/sortt-v1'.*molt-env list"),
+        (["--env", "molt/arith-v1:0"], r"--env 'molt/arith-v1:0': the weight must be a finite number > 0"),
+        (
+            ["--env", "molt/arith-v1", "--env", "molt/sort-v1", "--eval.dataset", "rows.jsonl"],
+            r"--eval.dataset 'rows.jsonl' holds one env's rows; give one --env with it, not a mix",
+        ),
+    ],
+)
+def test_molt_train_eval_refuses_a_bad_mix_by_name_before_loading_a_model(argv, message, monkeypatch, capsys):
+    import re
+
+    from molt_train import eval_cli
+
+    def no_eval(cfg, model_path):
+        raise AssertionError("the checkpoint was loaded for a refused mix")
+
+    monkeypatch.setattr(eval_cli, "evaluate_checkpoint", no_eval)
+    with pytest.raises(SystemExit) as info:
+        eval_cli.main([*argv, "--actor.model_name_or_path", "m"])
+    assert info.value.code == 2
+    assert re.search(message, capsys.readouterr().err), message

@@ -4,6 +4,7 @@ scripted player, a frozen checkpoint's engine), and the one-seat ``Env`` view.""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 from chat_support import ScriptedEngine
@@ -12,7 +13,8 @@ import env_registry
 from molt_envs import SamplingParams
 from molt_envs.seats import OneSeatEnv, SeatRunner
 
-TTT = "molt/tictactoe-v1"
+TTT = "molt/tictactoe-v2"  # the board ends with a ``Free:`` line; molt/tictactoe-v1 is the same game without it
+TTT_V1 = "molt/tictactoe-v1"
 
 
 def free_squares(prompt_ids, tokenizer) -> list[int]:
@@ -54,6 +56,28 @@ async def test_self_play_gives_one_token_exact_trajectory_per_seat(tiny_tokenize
     assert text.startswith("<|im_start|>system\nTic-tac-toe. You are X, your opponent is O.")
     assert "<|im_start|>user\nX O X\nO 4 5\n6 7 8\nFree: 4 5 6 7 8<|im_end|>" in text  # the board X saw, 3rd move
     assert "You are O" in tiny_tokenizer.decode(o.token_ids)
+
+
+async def test_v1_keeps_its_board_text_and_v2_adds_the_free_line(tiny_tokenizer):
+    """``-v1`` shows the board exactly as before the ``Free:`` line existed; ``-v2`` is the same game (moves,
+    rewards, turns) whose boards end with it. Pinning the older version works, with Gymnasium's out-of-date warning."""
+    out_of_date = "'molt/tictactoe-v1' is out of date; consider molt/tictactoe-v2"
+    with pytest.warns(env_registry.DeprecatedEnvWarning, match=out_of_date):
+        v1_runner = env_registry.runner_for(TTT_V1)
+    games = {}
+    for env_id, runner in ((TTT_V1, v1_runner), (TTT, env_registry.runner_for(TTT))):
+        engine = ScriptedEngine(tiny_tokenizer, lambda n, ids: first_free(n, ids, tiny_tokenizer))
+        games[env_id] = await run(runner, {"seed": 3}, engine, tiny_tokenizer)
+    (x1, o1), (x2, o2) = games[TTT_V1], games[TTT]
+    outcomes = [(t.reward, t.num_turns) for t in (x1, o1)]
+    assert outcomes == [(t.reward, t.num_turns) for t in (x2, o2)] == [(1.0, 4), (-1.0, 3)]
+    assert x1.env_id == TTT_V1 and x1.spec_hash == env_registry.spec(TTT_V1).hash != env_registry.spec(TTT).hash
+    v1_text, v2_text = tiny_tokenizer.decode(x1.token_ids), tiny_tokenizer.decode(x2.token_ids)
+    # the pre-e1e9ca0 board X saw before its 3rd move, byte for byte, and no Free line anywhere in the game
+    assert "<|im_start|>user\nX O X\nO 4 5\n6 7 8<|im_end|>" in v1_text and "Free" not in v1_text
+    assert "<|im_start|>user\nX O X\nO 4 5\n6 7 8\nFree: 4 5 6 7 8<|im_end|>" in v2_text
+    assert v2_text.count("\nFree: ") == x2.num_turns  # every board X was shown ends with it
+    assert re.sub(r"\nFree:[ 0-9]*", "", v2_text) == v1_text  # and that line is all that differs
 
 
 async def test_vs_random_returns_only_the_model_seat_and_its_outcome(tiny_tokenizer):
