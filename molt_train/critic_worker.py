@@ -9,8 +9,6 @@ resumable state is ``_critic/critic.pt`` inside each checkpoint (weights, optimi
 
 from __future__ import annotations
 
-import os
-import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +18,7 @@ from torch import Tensor, nn
 
 from molt_train.actor_backend import load_policy_model
 from molt_train.algorithms import value_loss
-from molt_train.policy_worker import _to_device, free_port, lr_factor
+from molt_train.policy_worker import _to_device, free_port, join_process_group, lr_factor
 
 if TYPE_CHECKING:
     from molt_train.config import ActorConfig, CriticConfig
@@ -67,14 +65,8 @@ class CriticWorker:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        if num_threads:
-            torch.set_num_threads(num_threads)
         self.rank, self.world_size, self.actor, self.critic = rank, world_size, actor, critic
-        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
-        torch.manual_seed(seed)
-        random.seed(seed)
+        self.device = join_process_group(rank, world_size, master_addr, master_port, seed=seed, num_threads=num_threads)
         lm = load_policy_model(actor.backend, model_path, dtype=torch.float32)
         model = ValueModel(lm.model, lm.config.hidden_size).to(self.device)
         gpu = self.device.type == "cuda"

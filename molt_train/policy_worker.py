@@ -145,14 +145,8 @@ class PolicyWorker:
         from transformers.utils import logging
 
         logging.disable_progress_bar()
-        if num_threads:
-            torch.set_num_threads(num_threads)
         self.rank, self.world_size, self.actor = rank, world_size, actor
-        self.device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
-        os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
-        dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
-        torch.manual_seed(seed)
-        random.seed(seed)
+        self.device = join_process_group(rank, world_size, master_addr, master_port, seed=seed, num_threads=num_threads)
         lm = load_policy_model(
             actor.backend, model_path, dtype=torch.float32, freeze_moe_router=actor.freeze_moe_router
         )
@@ -417,6 +411,26 @@ def free_port() -> tuple[str, int]:
     with socket.socket() as s:
         s.bind(("", 0))
         return addr, s.getsockname()[1]
+
+
+def join_process_group(
+    rank: int, world_size: int, master_addr: str, master_port: int, *, seed: int, num_threads: int = 0
+) -> torch.device:
+    """Set up this Ray actor as rank ``rank`` of a worker group: its torch threads (``num_threads``; 0 leaves
+    torch's default), the process group (NCCL on a GPU, else gloo) at ``master_addr:master_port``, and the torch and
+    Python RNGs seeded with ``seed``.
+
+    Returns:
+        The rank's device: the actor's GPU when it has one, else the CPU.
+    """
+    if num_threads:
+        torch.set_num_threads(num_threads)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    os.environ.update(MASTER_ADDR=master_addr, MASTER_PORT=str(master_port))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=world_size)
+    torch.manual_seed(seed)
+    random.seed(seed)
+    return device
 
 
 def _to_device(mb: dict[str, Any], device: torch.device) -> dict[str, Any]:

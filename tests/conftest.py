@@ -1,5 +1,6 @@
-"""Shared fixtures: a tiny tokenizer and model trained/built from scratch (no downloads), and an HF engine on it; and
-the rule that a skipped isolation test fails the run unless ``MOLT_SKIP_ISOLATION=1``."""
+"""Shared fixtures: a tiny tokenizer and model trained/built from scratch (no downloads), and an HF engine on it; a
+session server with stock SDK clients (``serve``); and the rule that a skipped isolation test fails the run unless
+``MOLT_SKIP_ISOLATION=1``."""
 
 from __future__ import annotations
 
@@ -51,6 +52,39 @@ def tiny_vl_engine(tiny_vl_dir):
     from molt_train.engines.hf import HFEngine
 
     return HFEngine.from_pretrained(str(tiny_vl_dir))
+
+
+@pytest.fixture
+async def serve():
+    """``await serve(engine, tokenizer, **kwargs)`` starts a SessionServer on loopback; ``serve.openai(server,
+    session)`` / ``serve.anthropic(server, session)`` make stock SDK clients on a session. All close at teardown."""
+    from anthropic import AsyncAnthropic
+    from openai import AsyncOpenAI
+
+    from molt_envs.session_server import SessionServer
+
+    servers, clients = [], []
+
+    async def start(engine, tokenizer, **kwargs) -> SessionServer:
+        server = SessionServer(engine, tokenizer, **kwargs)
+        await server.start()
+        servers.append(server)
+        return server
+
+    def openai(server, session, **kwargs) -> AsyncOpenAI:
+        clients.append(AsyncOpenAI(base_url=server.urls(session.session_id)[0], api_key="EMPTY", **kwargs))
+        return clients[-1]
+
+    def anthropic(server, session, **kwargs) -> AsyncAnthropic:
+        clients.append(AsyncAnthropic(base_url=server.urls(session.session_id)[1], api_key="EMPTY", **kwargs))
+        return clients[-1]
+
+    start.openai, start.anthropic = openai, anthropic
+    yield start
+    for client in clients:
+        await client.close()
+    for server in servers:
+        await server.stop()
 
 
 # --- Isolation tests: a skipped sandbox test is not a pass ---------------------------------------------------------

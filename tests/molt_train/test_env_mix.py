@@ -130,18 +130,6 @@ def test_rollout_metrics_are_reported_per_env_and_overall():
 ARITH_ID, GSM_ID, GAME_ID = "molt/arith-v1", "molt/gsm8k-v1", "molt/tictactoe-v1"
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    from molt_train.config import RayConfig
-    from molt_train.runtime import init_ray
-
-    init_ray(RayConfig(num_cpus=2))
-    yield
-    ray.shutdown()
-
-
 def records_of(run) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 

@@ -44,15 +44,6 @@ def tiny_judge(tiny_tokenizer, tmp_path_factory):
     return save_tiny(model, tiny_tokenizer, tmp_path_factory.mktemp("tiny-judge"))
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def test_the_rubric_score_is_the_first_digit():
     assert parse_score("Score: 7/9") == 7 and parse_score("<|im_start|>4") == 4 and parse_score("great!") is None
 

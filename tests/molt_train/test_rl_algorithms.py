@@ -20,22 +20,6 @@ BASE += ["--eval.max_samples", "0", "--actor.adam.lr", "1e-3", "--no-logger.prog
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    for attempt in range(3):  # an overloaded shared host can miss Ray's 30 s raylet start-up window
-        try:
-            ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-            break
-        except Exception as exc:
-            ray.shutdown()
-            if "timed out during startup" not in str(exc) or attempt == 2:
-                raise
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def student(tiny_tokenizer, tmp_path_factory) -> Path:
     from molt_train.models.tiny import build_tiny_model, save_tiny
 

@@ -16,15 +16,6 @@ BASE = ["--env", "molt/arith-v1", "--ckpt.output_dir", "out", "--actor.model_nam
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def tiny_policy(tiny_tokenizer, tmp_path_factory):
     from molt_train.models.tiny import build_tiny_model, save_tiny
 
@@ -113,34 +104,19 @@ def test_refused_run_modes_name_the_flags(extra, message, capsys):
 
 
 def test_eval_only_needs_rows_but_no_training_data(capsys):
-    cfg = parse(
-        "rl",
-        [
-            "--train.agent_path",
-            "a.py",
-            "--ckpt.output_dir",
-            "o",
-            "--actor.model_name_or_path",
-            "m",
-            "--eval.eval_only",
-            "--eval.dataset",
-            "rows.jsonl",
-        ],
-    )
+    argv = [
+        "--train.agent_path",
+        "a.py",
+        "--ckpt.output_dir",
+        "o",
+        "--actor.model_name_or_path",
+        "m",
+        "--eval.eval_only",
+    ]
+    cfg = parse("rl", [*argv, "--eval.dataset", "rows.jsonl"])
     assert cfg.eval.eval_only and cfg.data.prompt_dataset is None
     with pytest.raises(SystemExit):
-        parse(
-            "rl",
-            [
-                "--train.agent_path",
-                "a.py",
-                "--ckpt.output_dir",
-                "o",
-                "--actor.model_name_or_path",
-                "m",
-                "--eval.eval_only",
-            ],
-        )
+        parse("rl", argv)
     assert "--eval.eval_only needs rows" in capsys.readouterr().err
 
 

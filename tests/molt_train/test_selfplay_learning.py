@@ -19,15 +19,6 @@ ENV = "molt/tictactoe-v2"
 EVAL_GAMES = 100
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
 def vs_random(model_path: Path) -> dict[str, float]:
     """Outcome rates of the model (greedy) on the test split's seeded games against a random player."""
     from molt_train.engines.hf import HFEngine

@@ -18,15 +18,6 @@ AGENTS = Path(__file__).parent / "agents"
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def sft_run(ray_local, tmp_path_factory):
     from molt_train import sft_cli
 
@@ -362,23 +353,30 @@ def test_sigkill_mid_training_then_resume_loses_at_most_one_step(sft_run, tmp_pa
     assert (out / "hf" / "model.safetensors").exists()
 
 
-async def test_segment_lists_share_a_rollout_and_count_once_in_the_group_baseline(sft_run):
-    from molt_train.algorithms import AdvantageInputs, get_estimator
+def rollout_worker(
+    sft_run: Path, agent: str, prompts: list[tuple[str, str]], batch_size: int, timeout_s: float = 60
+) -> object:
+    """A rollout worker on the SFT run's model that runs the test agent ``agents/<agent>`` on ``prompts`` (each a
+    user message and its label), ``batch_size`` prompts a step."""
     from molt_train.rollout import RolloutWorker
 
     worker = RolloutWorker(
         str(sft_run / "hf"),
         env_id=None,
-        agent_path=str(AGENTS / "segmented_arith.py"),
+        agent_path=str(AGENTS / agent),
         max_len=64,
-        timeout_s=60,
+        timeout_s=timeout_s,
         max_batch_size=64,
     )
-    worker.set_prompts(
-        [{"prompt": [{"role": "user", "content": f"{i}+1="}], "label": str(i + 1)} for i in range(6)],
-        batch_size=3,
-        seed=0,
-    )
+    rows = [{"prompt": [{"role": "user", "content": prompt}], "label": label} for prompt, label in prompts]
+    worker.set_prompts(rows, batch_size, seed=0)
+    return worker
+
+
+async def test_segment_lists_share_a_rollout_and_count_once_in_the_group_baseline(sft_run):
+    from molt_train.algorithms import AdvantageInputs, get_estimator
+
+    worker = rollout_worker(sft_run, "segmented_arith.py", [(f"{i}+1=", str(i + 1)) for i in range(6)], batch_size=3)
     batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=4, seed=0)
     trajs = batch["trajectories"]
     assert len(trajs) == 2 * 12 and batch["num_rollouts"] == 12
@@ -424,21 +422,8 @@ def test_jsonl_prompt_dataset_overrides_the_env_split(tmp_path):
 
 async def test_chat_agent_rollouts_become_trainable_rows(sft_run):
     from molt_envs.chat_runner import close_session_servers
-    from molt_train.rollout import RolloutWorker
 
-    worker = RolloutWorker(
-        str(sft_run / "hf"),
-        env_id=None,
-        agent_path=str(AGENTS / "chat_arith.py"),
-        max_len=64,
-        timeout_s=60,
-        max_batch_size=64,
-    )
-    worker.set_prompts(
-        [{"prompt": [{"role": "user", "content": f"{i}+2="}], "label": str(i + 2)} for i in range(4)],
-        batch_size=2,
-        seed=0,
-    )
+    worker = rollout_worker(sft_run, "chat_arith.py", [(f"{i}+2=", str(i + 2)) for i in range(4)], batch_size=2)
     try:
         batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=2, seed=0)
     finally:
@@ -455,18 +440,8 @@ async def test_chat_agent_rollouts_become_trainable_rows(sft_run):
 
 
 async def test_timeouts_and_raising_runners_are_dropped_by_reason(sft_run):
-    from molt_train.rollout import RolloutWorker
-
-    worker = RolloutWorker(
-        str(sft_run / "hf"),
-        env_id=None,
-        agent_path=str(AGENTS / "misbehaving.py"),
-        max_len=64,
-        timeout_s=1.0,
-        max_batch_size=64,
-    )
-    prompts = ["hang", "raise", "1+1="]
-    worker.set_prompts([{"prompt": [{"role": "user", "content": p}], "label": "2"} for p in prompts], 3, seed=0)
+    prompts = [(p, "2") for p in ("hang", "raise", "1+1=")]
+    worker = rollout_worker(sft_run, "misbehaving.py", prompts, batch_size=3, timeout_s=1.0)
     batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=2, seed=0)
     assert batch["dropped"] == {"timeout": 2, "runner_RuntimeError": 2}
     assert len(batch["trajectories"]) == 2 and batch["end"] - batch["start"] < 10

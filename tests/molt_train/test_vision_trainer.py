@@ -20,15 +20,6 @@ SHAPES = ["--env", "molt/shapes-v1", "--no-logger.progress", "--data.max_len", "
 
 
 @pytest.fixture(scope="module")
-def ray_local():
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, configure_logging=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
 def sft_vl(ray_local, tmp_path_factory):
     from molt_train import sft_cli
 
@@ -93,12 +84,16 @@ def test_rl_on_images_recomputes_the_engines_log_probs_and_syncs_every_weight(rl
     assert hasattr(load_processor(rl_vl / "hf"), "image_processor")
 
 
-async def test_the_trained_checkpoint_serves_images_on_both_wires(rl_vl, serve_vl):
-    server, session, other = await serve_vl(rl_vl / "hf")
+async def test_the_trained_checkpoint_serves_images_on_both_wires(rl_vl, serve):
+    from molt_train.engines.hf import HFEngine
+
+    engine = HFEngine.from_pretrained(str(rl_vl / "hf"))
+    server = await serve(engine, engine.processor)
+    session, other = server.open_session(), server.open_session()
     buffer = io.BytesIO()
     make_row(9)["image"].save(buffer, format="PNG")
     data = base64.b64encode(buffer.getvalue()).decode()
-    reply = await serve_vl.openai(server, session).chat.completions.create(
+    reply = await serve.openai(server, session).chat.completions.create(
         model="policy",
         max_tokens=3,
         messages=[
@@ -106,43 +101,9 @@ async def test_the_trained_checkpoint_serves_images_on_both_wires(rl_vl, serve_v
         ],
     )
     block = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": data}}
-    message = await serve_vl.anthropic(server, other).messages.create(
+    message = await serve.anthropic(server, other).messages.create(
         model="policy", max_tokens=3, messages=[{"role": "user", "content": [block, {"type": "text", "text": "?"}]}]
     )
     assert reply.choices[0].message.role == "assistant" and message.role == "assistant"
     for s in (session, other):
         assert len(s.segments[0].images) == 1 and s.segments[0].mm_inputs.tensors["pixel_values"].dtype == torch.float32
-
-
-@pytest.fixture
-async def serve_vl():
-    """``await serve_vl(checkpoint)`` -> (server, two sessions) on the checkpoint's hf engine; SDK clients close."""
-    from anthropic import AsyncAnthropic
-    from openai import AsyncOpenAI
-
-    from molt_envs.session_server import SessionServer
-    from molt_train.engines.hf import HFEngine
-
-    servers, clients = [], []
-
-    async def start(path):
-        engine = HFEngine.from_pretrained(str(path))
-        server = SessionServer(engine, engine.processor)
-        await server.start()
-        servers.append(server)
-        return server, server.open_session(), server.open_session()
-
-    def openai(server, session):
-        clients.append(AsyncOpenAI(base_url=server.urls(session.session_id)[0], api_key="EMPTY"))
-        return clients[-1]
-
-    def anthropic(server, session):
-        clients.append(AsyncAnthropic(base_url=server.urls(session.session_id)[1], api_key="EMPTY"))
-        return clients[-1]
-
-    start.openai, start.anthropic = openai, anthropic
-    yield start
-    for client in clients:
-        await client.close()
-    for server in servers:
-        await server.stop()
