@@ -4,6 +4,8 @@ beside them, ``HOME`` there too, so ``~/molt-registry`` is scratch), with this v
 
 from __future__ import annotations
 
+import importlib
+import importlib.metadata
 import os
 import re
 import shutil
@@ -47,10 +49,22 @@ def test_runnable_blocks_run_as_shown(doc, tmp_path):
         "MOLT_REGISTRY": str(tmp_path / "registry"),
     }
     env.pop("MOLT_TOKEN", None)
-    for n, (language, code) in enumerate(blocks(doc), 1):
-        command = ["bash", "-euo", "pipefail", "-c", code] if language == "bash" else [sys.executable, "-c", code]
-        done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert done.returncode == 0, (
-            f"{doc.relative_to(ROOT)} runnable block {n} ({language}) exited {done.returncode}:\n{code}\n"
-            f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
-        )
+    before = installed()
+    try:
+        for n, (language, code) in enumerate(blocks(doc), 1):
+            command = ["bash", "-euo", "pipefail", "-c", code] if language == "bash" else [sys.executable, "-c", code]
+            done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+            assert done.returncode == 0, (
+                f"{doc.relative_to(ROOT)} runnable block {n} ({language}) exited {done.returncode}:\n{code}\n"
+                f"--- stdout\n{done.stdout[-3000:]}\n--- stderr\n{done.stderr[-3000:]}"
+            )
+    finally:  # what a block installed (`molt-env install ...`) goes again: the next test or run sees this venv as it was
+        added = sorted(installed() - before)
+        if added:
+            subprocess.run([sys.executable, "-m", "pip", "uninstall", "-q", "-y", *added], check=True)
+
+
+def installed() -> set[str]:
+    """The distributions this venv holds now."""
+    importlib.invalidate_caches()
+    return {d.metadata["Name"] for d in importlib.metadata.distributions()}
