@@ -2,13 +2,15 @@
 several seeds, each from the same SFT start:
 
 - ``on-policy``: ``--train.force_sync_mode`` (the demo's default): rollout k+1 starts after step k's weight sync;
-- ``stale``: ``--train.async_queue_size 1`` (the trainer's default): rollout k+1 overlaps step k, so every batch was
-  sampled by the policy one step behind, and nothing corrects for it;
+- ``stale``: ``--no-train.force_sync_mode`` (queue 1; the trainer's default before this A/B): rollout k+1 overlaps
+  step k, so every batch was sampled by the policy one step behind, and nothing corrects for it;
 - ``stale+tis``: the same overlap, with token-level truncated IS correction against the behaviour policy's log-probs
   (``--algo.advantage.is_correction_level token --algo.advantage.is_correction_mode trunc``).
 
 Run: ``.venv/bin/python benchmarks/staleness_ab.py --seeds 42 43 44`` (one demo run per seed and variant, about
-5 minutes each on 2 quiet cores; ``--variants`` picks some). Each run's ``result.json`` lands in
+5 minutes each on 2 quiet cores; ``--variants`` picks some). ``--env ID`` runs the same A/B on another single-turn
+env (e.g. ``rg/letter-counting-v1``): ``--demos`` demonstrations, SFT for ``--sft-steps`` only (the start; no
+baseline is trained), RL with answers up to ``--max-new-tokens``. Each run's ``result.json`` lands in
 ``--output_dir/<variant>/seed<N>`` and is read, not rerun, when it exists. Prints a table of the held-out pass@1
 curves (RL step -> accuracy) and the final accuracy per seed and variant.
 """
@@ -29,9 +31,9 @@ TIS = ("--algo.advantage.is_correction_level", "token", "--algo.advantage.is_cor
 
 def variants(recipe: Recipe) -> dict[str, Recipe]:
     """The three RL settings, as recipes that differ from ``recipe`` only in their RL flags."""
-    stale = tuple(f for f in recipe.rl_flags if f != SYNC)
-    if len(stale) == len(recipe.rl_flags):
-        raise SystemExit(f"the demo recipe's RL flags lack {SYNC}; this A/B assumes its default is on-policy")
+    stale = tuple("--no-train.force_sync_mode" if f == SYNC else f for f in recipe.rl_flags)
+    if stale == recipe.rl_flags:
+        raise SystemExit(f"the demo recipe's RL flags lack {SYNC}; this A/B assumes it runs on-policy")
     return {
         "on-policy": recipe,
         "stale": dataclasses.replace(recipe, rl_flags=stale),
@@ -44,8 +46,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[42, 43, 44])
     parser.add_argument("--variants", nargs="+", default=["on-policy", "stale", "stale+tis"])
     parser.add_argument("--output_dir", default="runs/staleness_ab")
+    parser.add_argument("--env", help="another env than the demo's (its start only: SFT for --sft-steps, then RL)")
+    parser.add_argument("--demos", type=int, default=256, help="with --env: demonstrations SFT sees")
+    parser.add_argument("--sft-steps", type=int, default=100, help="with --env: SFT steps of the RL start")
+    parser.add_argument("--max-new-tokens", type=int, default=12, help="with --env: the answer's token budget")
     args = parser.parse_args()
-    recipes = variants(Recipe())
+    recipe = Recipe()
+    if args.env:
+        recipe = dataclasses.replace(
+            recipe, env=args.env, demos=args.demos, sft_start=args.sft_steps, sft_steps=args.sft_steps,
+            eval_every=args.sft_steps, max_new_tokens=args.max_new_tokens,
+        )  # fmt: skip
+    recipes = variants(recipe)
     unknown = sorted(set(args.variants) - set(recipes))
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; choose from {sorted(recipes)}")

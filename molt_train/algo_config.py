@@ -212,7 +212,7 @@ def _validate_is_correction(cfg: RLConfig) -> None:
             f"--algo.advantage.is_correction_level {level!r} is a sequence rejection filter and needs "
             f"--algo.advantage.is_correction_mode 'mask', got {mode!r}; use level 'token' for clip/trunc"
         )
-    queue = 0 if train.force_sync_mode else train.async_queue_size
+    queue = 0 if train.on_policy else train.async_queue_size
     if level == "off" and (queue > 1 or train.partial_rollout_enable):
         raise ConfigError(
             f"async rollout (--train.async_queue_size={queue}, "

@@ -208,10 +208,17 @@ class TrainConfig:
     max_tokens_per_gpu: int = option(8192, "padded tokens per micro-batch at most (token budget)", minimum=1)
     max_epochs: int = option(1, "passes over each rollout batch", minimum=1, commands=RL)
     async_queue_size: int = option(
-        1, "rollout batches in flight ahead of training (rollout k+1 overlaps step k)", minimum=1, commands=RL
+        1,
+        "rollout batches in flight ahead of training when rollout overlaps it (> 1 overlaps, and needs IS correction)",
+        minimum=1,
+        commands=RL,
     )
-    force_sync_mode: bool = option(
-        False, "strictly on-policy: the next rollout starts only after the weight sync", commands=RL
+    force_sync_mode: bool | None = option(
+        None,
+        "strictly on-policy: the next rollout starts only after the weight sync (the default, unless "
+        "--train.async_queue_size > 1 or --train.partial_rollout_enable asks for overlap); --no-train.force_sync_mode "
+        "overlaps rollout k+1 with step k (one step stale, uncorrected unless --algo.advantage.is_correction_level)",
+        commands=RL,
     )
     partial_rollout_enable: bool = option(
         False,
@@ -248,6 +255,14 @@ class TrainConfig:
         "GPUs of their own",
         commands=RL,
     )
+
+    @property
+    def on_policy(self) -> bool:
+        """Whether rollout waits for the weight sync (``--train.force_sync_mode``, or its default: on unless a
+        queue deeper than one batch or a partial rollout asks for overlap)."""
+        if self.force_sync_mode is not None:
+            return self.force_sync_mode
+        return self.async_queue_size == 1 and not self.partial_rollout_enable
 
 
 @dataclass(frozen=True)

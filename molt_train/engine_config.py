@@ -93,7 +93,7 @@ def validate_engine(cfg: RLConfig) -> None:
             "--vllm.enable_sleep frees the GPU the engine shares with the trainer; with the engine on a GPU "
             "of its own (no --train.colocate_all) drop it"
         )
-    if vllm.enable_sleep and not train.force_sync_mode:
+    if vllm.enable_sleep and not train.on_policy:
         raise ConfigError(
             "--vllm.enable_sleep frees the engine while the trainer trains, so rollout and training must "
             "take turns: add --train.force_sync_mode"

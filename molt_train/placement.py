@@ -16,7 +16,7 @@ The decision, in one place:
   bundle 0, and each of those ranks shares the weights from its own GPU.
 
 Actors that share a GPU take ``COLOCATED_GPU_FRACTION`` of it each. CPU threads are split between the processes that
-compute at the same time (rollout and training overlap unless ``--train.force_sync_mode``).
+compute at the same time (rollout and training overlap unless the run is on-policy, ``TrainConfig.on_policy``).
 
 Over several nodes (``--ray.address``): every trainer rank has a bundle of its own, so a rank always packs with its
 GPU, and the bundles are ``PACK``ed (one node while it has room, more when it has not); CPU trainer ranks stay on
@@ -92,7 +92,7 @@ def plan_placement(cfg: RLConfig, cluster_gpus: float, host_cpus: int) -> Placem
     trainer_gpus = share if cluster_gpus >= ranks * share else 0.0
     span = cfg.vllm.gpus_per_engine if engine == "vllm" else 1
     engine_gpus = COLOCATED_GPU_FRACTION if colocated else (float(span) if nccl else 0.0)
-    overlap = 0 if cfg.train.force_sync_mode else 1  # rollout overlaps training: they split the cores
+    overlap = 0 if cfg.train.on_policy else 1  # rollout overlaps training: they split the cores
 
     def threads(concurrent: int) -> int:
         return cpu_threads(cfg.actor.num_threads, concurrent, host_cpus)

@@ -19,7 +19,7 @@ stay resident on the same GPU: no sleep/wake. Ray is left out; everything else i
 ``--no-recompute``: the trainer's own path for this workload (one optimizer step takes the whole batch, so pi_old
 is the training forward's log-probs, detached: ``molt-train rl`` skips the recompute); the log-prob phase is then
 empty and the mismatch metrics come from ``train_step`` (computed there against the same forward).
-``--overlap`` runs the trainer's default schedule (``--train.async_queue_size 1``, no partial rollout): step k's
+``--overlap`` runs the trainer's overlapped schedule (``--no-train.force_sync_mode``: queue 1, no partial rollout): step k's
 generation of batch k+1 is started as step k takes batch k (its requests go out at the first ``await``, once the
 micro-batches are built, ~0.1 s later) and runs beside its log-prob and training phases; the sync then waits for it
 (``wait``). Here the policy works in a thread of the engine client's process (the trainer runs it as a Ray actor
@@ -337,7 +337,7 @@ def main() -> None:
     parser.add_argument(
         "--overlap",
         action="store_true",
-        help="generate step k+1 while step k trains, the trainer's default --train.async_queue_size 1",
+        help="generate step k+1 while step k trains, the trainer's --no-train.force_sync_mode",
     )
     asyncio.run(main_async(parser.parse_args()))
 

@@ -40,8 +40,21 @@ def test_dotted_flags_nest_and_keep_types():
     assert cfg.algo.advantage.estimator == "grpo"
     assert cfg.actor.eps_clip_low_high == (0.2, 0.28)
     assert cfg.algo.advantage.is_correction_threshold == (0.99, 1.01)
-    assert cfg.train.async_queue_size == 1 and cfg.train.force_sync_mode is False
+    assert cfg.train.async_queue_size == 1 and cfg.train.force_sync_mode is None and cfg.train.on_policy
     assert isinstance(cfg, RLConfig) and isinstance(cfg.actor, ActorConfig)
+
+
+@pytest.mark.parametrize(
+    ("flags", "on_policy"),
+    [
+        ([], True),  # the default: rollout waits for the weight sync (issue 20's A/B, molt_train/README "Staleness")
+        (["--no-train.force_sync_mode"], False),  # queue 1, overlapped: one step stale
+        (["--train.async_queue_size", "2", "--algo.advantage.is_correction_level", "geo"], False),
+        (["--train.force_sync_mode"], True),
+    ],
+)
+def test_rl_is_on_policy_unless_asked_to_overlap(flags, on_policy):
+    assert parse("rl", BASE + flags).train.on_policy is on_policy
 
 
 def test_configs_are_frozen_picklable_and_rebuilt_by_replace():

@@ -27,17 +27,17 @@ def plan(*flags: str, gpus: float = 0, cpus: int = 8) -> Placement:
     return plan_placement(parse("rl", BASE + list(flags)), cluster_gpus=gpus, host_cpus=cpus)
 
 
-def test_the_cpu_default_has_no_placement_group_and_splits_the_cores():
-    p = plan("--actor.num_workers", "2")
+def test_a_cpu_run_has_no_placement_group_and_overlapped_it_splits_the_cores():
+    p = plan("--actor.num_workers", "2", "--no-train.force_sync_mode")
     assert (p.trainer_gpus, p.engine_gpus, p.weight_sync) == (0.0, 0.0, "object_store")
     assert p.bundles == () and p.trainer_bundles == () and p.engine_bundle is None
-    # rollout overlaps training: the rollout actor and the two ranks share 8 cores
+    # rollout overlaps training (asked for): the rollout actor and the two ranks share 8 cores
     assert (p.rollout_threads, p.trainer_threads, p.reference_threads) == (8 // 3, 8 // 3, 8 // 2)
 
 
 def test_strictly_on_policy_rollout_and_training_take_turns_with_every_core():
-    p = plan("--train.force_sync_mode")
-    assert (p.rollout_threads, p.trainer_threads) == (8, 8)
+    for p in (plan(), plan("--train.force_sync_mode")):  # on-policy is the default
+        assert (p.rollout_threads, p.trainer_threads) == (8, 8)
     assert plan("--actor.num_threads", "3").trainer_threads == 3  # the flag wins
 
 

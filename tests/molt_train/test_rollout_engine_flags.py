@@ -134,7 +134,7 @@ REFUSED = [
     (["--actor.num_gpus_per_node", "2", "--actor.num_workers", "3"], "contradicts --actor.num_workers 3"),
     (VLLM + ["--vllm.gpu_memory_utilization", "1.5"], "--vllm.gpu_memory_utilization must be in (0, 1]"),
     (VLLM + ["--vllm.max_model_len", "512"], "--vllm.max_model_len 512 is shorter than --data.max_len 1024"),
-    (VLLM + ["--vllm.enable_sleep"], "add --train.force_sync_mode"),
+    (VLLM + ["--vllm.enable_sleep", "--no-train.force_sync_mode"], "add --train.force_sync_mode"),
     (VLLM + ["--train.partial_rollout_enable"], "--train.partial_rollout_enable=True) trains on off-policy"),
     (
         VLLM

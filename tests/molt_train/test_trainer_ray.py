@@ -168,6 +168,7 @@ def rl_run(sft_run, tmp_path_factory):
             "--algo.advantage.is_correction_threshold",
             "0.2",
             "5",
+            "--no-train.force_sync_mode",  # overlapped, one step stale (the IS correction above covers it)
         ],
     )
     trainer = RLTrainer(cfg)
