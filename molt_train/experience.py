@@ -8,7 +8,8 @@ is the engine's log-prob of that token. Observation and tool tokens stay on the 
 A vision model's rows carry their ``VisionInputs`` (``mm``, one per row, None for a row without images): a
 micro-batch concatenates its rows' image tensors in row order, the order the forward scatters them into the image
 placeholders of ``input_ids``. A trajectory whose ``max_len`` cut would fall inside or before image placeholders is
-dropped (``image_tokens_truncated``): its tensors would no longer match its ids.
+dropped (``image_tokens_truncated``): its tensors would no longer match its ids; so is one whose actions contain
+a placeholder token (``placeholder_generated``): the forward would look for an image that is not there.
 """
 
 from __future__ import annotations
@@ -83,8 +84,13 @@ def estimator_group(traj: Trajectory, group_id: str) -> str:
     return group_id if traj.seat is None else f"{group_id}/{traj.seat}"
 
 
-def drop_reason(traj: Trajectory, max_len: int) -> str | None:
-    """Why a trajectory cannot be trained on (counted as ``rollout/dropped/<reason>``), or None."""
+def drop_reason(traj: Trajectory, max_len: int, placeholders: frozenset[int] = frozenset()) -> str | None:
+    """Why a trajectory cannot be trained on (counted as ``rollout/dropped/<reason>``), or None.
+
+    ``placeholders``: a vision model's image/video placeholder token ids. The policy sampling one (a random or
+    early model can) gives the forward a placeholder with no image behind it, so the trajectory is dropped
+    (``placeholder_generated``) instead of failing the training step.
+    """
     if traj.failure is not None:
         stage = traj.failure.split(":", 1)[0].strip() or "unknown"
         return f"failure_{stage}"
@@ -96,6 +102,8 @@ def drop_reason(traj: Trajectory, max_len: int) -> str | None:
         return "no_action_tokens"
     if traj.mm_inputs and traj.mm_inputs.token_id in traj.token_ids[max_len:]:
         return "image_tokens_truncated"
+    if placeholders and any(t in placeholders for s, e in traj.action_ranges for t in traj.token_ids[s:e]):
+        return "placeholder_generated"
     return None
 
 

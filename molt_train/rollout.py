@@ -32,6 +32,7 @@ from molt_envs.vision import text_tokenizer
 from molt_train.data import MixSampler, env_mix, load_eval_rows
 from molt_train.engines.hf import HFEngine
 from molt_train.experience import as_trajectories, drop_reason, estimator_group
+from molt_train.models.multimodal import placeholder_ids
 
 if TYPE_CHECKING:
     from molt_train.config import EvalCommandConfig, RLConfig, SFTConfig
@@ -79,6 +80,7 @@ class RolloutWorker:
             self.tokenizer = load_processor(model_path)
         else:
             raise ValueError(f"unknown rollout engine {engine!r}; choose hf or vllm")
+        self.placeholders = placeholder_ids(self.tokenizer)
         self.whole_batches = engine == "vllm" and not partial_rollout
         self._batch_lock: asyncio.Lock | None = None
         ids = [env_id] if isinstance(env_id, str) else list(env_id or ())
@@ -234,7 +236,7 @@ class RolloutWorker:
             return [], "no_segments"
         for seg in segments:
             seg.group_id = estimator_group(seg, group_id)
-            reason = drop_reason(seg, self.max_len)
+            reason = drop_reason(seg, self.max_len, self.placeholders)
             if reason is None and self.top_logprobs and not group_id.startswith("eval:"):
                 reason = self._attach_top_logprobs(seg)
             if reason is not None:

@@ -46,6 +46,16 @@ def load_processor(path: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(path)
 
 
+def placeholder_ids(processor: Any) -> frozenset[int]:
+    """The image/video placeholder token ids of a VLM's processor (its ``image_token`` / ``video_token``); none for
+    a text tokenizer."""
+    tokenizer = getattr(processor, "tokenizer", None)
+    if tokenizer is None:
+        return frozenset()
+    tokens = [getattr(processor, name, None) for name in ("image_token", "video_token")]
+    return frozenset(tokenizer.convert_tokens_to_ids(t) for t in tokens if isinstance(t, str))
+
+
 def _backbone(model: nn.Module) -> nn.Module:
     """The module holding ``get_rope_index`` (``model.model`` of a ``*ForConditionalGeneration``)."""
     inner = getattr(model, "model", None)

@@ -19,7 +19,7 @@ from molt_train.config import parse
 from molt_train.data import encode_sft, load_rows
 from molt_train.experience import drop_reason, make_experience, micro_batch
 from molt_train.logprob_model import LogProbModel
-from molt_train.models.multimodal import load_model
+from molt_train.models.multimodal import load_model, placeholder_ids
 
 
 def _png(seed: int) -> bytes:
@@ -86,6 +86,17 @@ def test_a_cut_through_a_later_turns_image_drops_the_trajectory(tiny_vl_engine):
     traj.images, traj.mm_inputs = traj.images + later.images, traj.mm_inputs + later.mm_inputs
     assert drop_reason(traj, max_len=len(traj.token_ids)) is None
     assert drop_reason(traj, max_len=acted + 3) == "image_tokens_truncated"  # the action fits, the image would not
+
+
+def test_a_sampled_image_placeholder_drops_the_trajectory(tiny_vl_engine, tiny_tokenizer):
+    placeholders = placeholder_ids(tiny_vl_engine.processor)
+    assert placeholders == {vision_codec(tiny_vl_engine.processor).image_token_id}
+    assert placeholder_ids(tiny_tokenizer) == frozenset()  # a text model has none
+    traj = _trajectory(tiny_vl_engine, 4, "2")
+    assert drop_reason(traj, 256, placeholders) is None  # the prompt's placeholders are the image's
+    (image_id,) = placeholders
+    traj.append_action([image_id], [-1.0])  # the policy sampled one: no image behind it
+    assert drop_reason(traj, 256, placeholders) == "placeholder_generated"
 
 
 def test_jsonl_rows_name_their_images_by_image_key(tmp_path):
