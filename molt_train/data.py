@@ -140,9 +140,17 @@ def _row_images(raw: dict[str, Any], key: str, path: Path, n: int) -> list[Any]:
     for item in value if isinstance(value, list) else [value]:
         if not isinstance(item, str):
             raise ValueError(f"{path}:{n} {key!r} must hold strings (base64, data: URIs or paths), got {item!r:.80}")
-        file = (path.parent / item) if len(item) < 4096 and not item.startswith("data:") else None
-        images.append(file.read_bytes() if file is not None and file.is_file() else item)
+        file = None if item.startswith("data:") else path.parent / item
+        images.append(file.read_bytes() if file is not None and _is_file(file) else item)
     return images
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` names a file; a base64 image is no file name (too long for one: ENAMETOOLONG)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 class MixSampler:

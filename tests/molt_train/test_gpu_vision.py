@@ -118,7 +118,8 @@ def test_colocated_rl_on_shapes_checks_every_weight_sync(vl_dir, tmp_path):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3]
     for r in records:
-        assert r["rollout/dropped_total"] == 0, r
+        # a random-weight VLM may sample its own image placeholder: that trajectory is dropped, nothing else is
+        assert r["rollout/dropped_total"] == r.get("rollout/dropped/placeholder_generated", 0.0), r
         assert r["weight_sync/checked_params"] > 0  # a stale or unreached parameter would have stopped the run
         assert set(MISMATCH) <= set(r), sorted(r)
         assert r["mismatch/k3_kl"] < 1e-2, r  # vLLM's own image processing vs the runner's tensors: same tokens
