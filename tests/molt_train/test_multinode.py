@@ -282,6 +282,7 @@ def test_a_checkpoint_only_the_driver_sees_is_refused_naming_it_and_the_node(clu
     assert done.returncode != 0, out[-3000:]
     assert f"{hidden} (--actor.model_name_or_path) does not exist on node {NODE_B_IP}" in out, out[-3000:]
     assert out.count("does not exist on node") == 1, out[-3000:]  # the rest (output dir, agent, venv) is shared
+    print(out.strip().splitlines()[-1])
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before anything ran
 
 
@@ -354,3 +355,5 @@ def test_a_lost_node_drops_its_episodes_and_its_actors_come_back_on_the_survivor
     # head node serve the last steps whole
     assert [m["rollout/dropped_total"] for m in metrics[-2:]] == [0, 0], metrics[-2:]
     assert (killed_run["out"] / "hf" / "config.json").is_file()
+    for cls in ("RolloutWorker", "EnvServerActor", "_SandboxActor", "PolicyWorker"):  # for the record (-rP)
+        print(cls, sorted(placement(state, cls)))
