@@ -58,7 +58,9 @@ class EnvServerActor:
         """Restart the server (it died or hung); returns its new base URL."""
         return self.server.restart()
 
-    def __ray_shutdown__(self) -> None:
+    def stop(self) -> None:
+        """Stop the server and remove its log (an actor killed instead leaves its log; the server exits by itself
+        when its stdin closes)."""
         self.server.stop()
         self.server.log_path.unlink(missing_ok=True)
 

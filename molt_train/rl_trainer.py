@@ -503,9 +503,9 @@ class RLTrainer:
         for group in (self.policy, self.reference, self.critic):
             if group is not None:
                 group.shutdown()
-        try:
-            if (self.cfg.rollout.engine == "vllm" or self.cfg.judge.enabled) and self.rollout is not None:
-                ray.get(self.rollout.shutdown.remote(), timeout=60)  # vLLM's engine-core process, the judge server
+        try:  # vLLM's engine-core process, the judge server, the env servers (a dead actor's error is not raised)
+            stops = [w.shutdown.remote() for w in self.rollouts] + [s.stop.remote() for s in self.env_servers]
+            ray.wait(stops, num_returns=len(stops), timeout=60)
         finally:
             for actor in (*self.rollouts, *(q.actor for channel in self.channels for q in channel), *self.env_servers):
                 ray.kill(actor)  # a rollout worker's env servers go with it (it owns them)
@@ -600,8 +600,8 @@ def evaluate_once(cfg: RLConfig) -> dict[str, float]:
         metrics = {f"eval/{k}": v for k, v in result.items()} | {"timing/eval_s": time.perf_counter() - t}
     finally:
         try:
-            if cfg.rollout.engine == "vllm" or cfg.judge.enabled:
-                ray.get(rollout.shutdown.remote(), timeout=60)
+            stops = [rollout.shutdown.remote()] + [s.stop.remote() for s in servers]
+            ray.wait(stops, num_returns=len(stops), timeout=60)
         finally:
             for actor in (rollout, *servers):
                 ray.kill(actor)

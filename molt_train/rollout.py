@@ -408,6 +408,9 @@ class RolloutWorker:
         await self.engine.wake_up()
 
     async def shutdown(self) -> None:
+        """Stop what this actor started that a kill would leave behind: env servers' logs, the judge server, vLLM's
+        engine-core process."""
+        await asyncio.gather(*(server.stop.remote() for server in self.env_servers))
         if self.judge_server is not None:
             await self.judge_server.stop()
         if hasattr(self.engine, "shutdown"):  # vllm: its engine-core process

@@ -57,6 +57,7 @@ def test_serve_here_serves_the_env_from_an_actor_on_this_node(ray_local, monkeyp
         new_url = ray.get(actors[0].restart.remote())  # what the client's endpoint asks after a wire failure
         assert ray.get(actors[0].healthy.remote()) and new_url != base_url
     finally:
+        ray.get([actor.stop.remote() for actor in actors])  # the server and its log
         for actor in actors:
             ray.kill(actor)
 
