@@ -4,7 +4,8 @@
 sandboxed tools all run in the server's process). ``ManagedServer`` runs ``python -m env_registry.cli serve-env ID``
 under another interpreter (an isolated install's venv), waits until it answers, restarts it when it has died or
 stopped answering, and stops it when this process exits; if this process is killed instead, the server exits when
-its standard input closes. ``managed_endpoint`` hands out one server per (interpreter, ID) per process.
+its standard input closes. ``managed_endpoint`` hands out one server per (interpreter, ID) per process. Under Ray
+the trainer starts these servers in Ray actors instead (``molt_train.env_servers``), one per rollout worker.
 """
 
 from __future__ import annotations
@@ -184,7 +185,11 @@ class ManagedServer:
 class ManagedEndpoint(Endpoint):
     """The endpoint of a ``ManagedServer``: after a wire failure the server is probed and, if it is dead or hung,
     restarted (once per failure wave: failures of connections opened before the restart are ignored); episodes
-    that start meanwhile wait for it."""
+    that start meanwhile wait for it.
+
+    ``server`` is a ``ManagedServer``, or anything with its ``base_url``, ``env_id``, ``where`` and ``restarts``
+    and its ``healthy()`` and ``restart()`` (the trainer's env servers, owned by Ray actors, are driven so).
+    """
 
     def __init__(self, server: ManagedServer, timeout_s: float = TIMEOUT_S) -> None:
         super().__init__(server.base_url, server.env_id, timeout_s=timeout_s)

@@ -204,6 +204,11 @@ def runtime_wheel(source: Path) -> Path:
     return target
 
 
+def install_of(env_id: str) -> IsolatedInstall | None:
+    """The installed isolated install that provides ``env_id`` (an unpinned ID, as its spec names it), if any."""
+    return next((r for r in records() if r.status == "installed" and env_id in r.env_ids), None)
+
+
 def failed_install(env_id: str) -> IsolatedInstall | None:
     """The failed isolated install that was to provide ``env_id``, if there is one."""
     return next((r for r in records() if r.status == "failed" and env_id in r.env_ids), None)

@@ -40,8 +40,10 @@ from molt_train import lora as lora_adapters
 from molt_train.algo_config import check_teacher_tokenizer
 from molt_train.config import RLConfig
 from molt_train.data import MixSampler, env_mix, load_eval_rows, load_rows
+from molt_train.env_servers import isolated_installs, serve_here
 from molt_train.experience import Experience, make_experience
 from molt_train.metrics import MetricsLogger
+from molt_train.node_paths import check_every_node, shared_paths
 from molt_train.parallel import FSDPConfig
 from molt_train.placement import bundle_gpu_ids, on_this_node, plan_placement, rank_options, reserve, rollout_options
 from molt_train.rl_batch import estimate_advantages, merge_parts, rollout_metrics, shape_and_filter
@@ -70,6 +72,11 @@ class RLTrainer:
             check_teacher_tokenizer(cfg.actor.model_name_or_path, cfg.ref.model_name_or_path)
         (self.output_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
         init_ray(cfg.ray)
+        self.env_installs = isolated_installs(e.env_id for e in env_mix(cfg))
+        check_every_node(shared_paths(cfg, self.env_installs))  # a multi-node cluster: what each node reads by path
+        replay = cfg.train.rollout_replay_dir is not None
+        # the driver reads those envs' datasets from them
+        self.env_servers = serve_here(self.env_installs) if not replay else []
         self.start_step, model_path = 0, str(Path(cfg.actor.model_name_or_path).resolve())
         self.tokenizer_path = model_path
         self.resumed_from = checkpoint.latest(self.output_dir) if cfg.ckpt.load_enable else None
@@ -190,6 +197,7 @@ class RLTrainer:
             devices=devices,
             lora=self.lora,
             adapter_dir=self.adapter_dir,
+            env_installs=self.env_installs,
         )
         ray.get(
             rollout.set_prompts.remote(
@@ -495,12 +503,12 @@ class RLTrainer:
         for group in (self.policy, self.reference, self.critic):
             if group is not None:
                 group.shutdown()
-        try:
-            if (self.cfg.rollout.engine == "vllm" or self.cfg.judge.enabled) and self.rollout is not None:
-                ray.get(self.rollout.shutdown.remote(), timeout=60)  # vLLM's engine-core process, the judge server
+        try:  # vLLM's engine-core process, the judge server, the env servers (a dead actor's error is not raised)
+            stops = [w.shutdown.remote() for w in self.rollouts] + [s.stop.remote() for s in self.env_servers]
+            ray.wait(stops, num_returns=len(stops), timeout=60)
         finally:
-            for actor in (*self.rollouts, *(q.actor for channel in self.channels for q in channel)):
-                ray.kill(actor)
+            for actor in (*self.rollouts, *(q.actor for channel in self.channels for q in channel), *self.env_servers):
+                ray.kill(actor)  # a rollout worker's env servers go with it (it owns them)
         if self.group is not None:
             ray.util.remove_placement_group(self.group)
 
@@ -515,6 +523,7 @@ def start_rollout_worker(
     devices: list[str] | None = None,
     lora: Any = None,
     adapter_dir: str | None = None,
+    env_installs: dict[str, Any] | None = None,
 ) -> Any:
     """The ``RolloutWorker`` Ray actor of ``cfg``'s engine and agent, its engine started (vLLM sizes its KV cache
     before anything else allocates).
@@ -527,6 +536,8 @@ def start_rollout_worker(
             None for the actor's own.
         lora: a LoRA run's ``--model.*`` group (the engine serves the policy's adapters), else None.
         adapter_dir: a resumed LoRA run's PEFT adapter directory, served from the first request; else None.
+        env_installs: the run's isolated installs (``env_servers.isolated_installs``); the worker serves each from
+            an ``EnvServerActor`` on its node.
 
     Returns:
         The actor handle.
@@ -548,6 +559,7 @@ def start_rollout_worker(
         top_logprobs=cfg.algo.advantage.score_centering_top_k,
         lora=lora,
         adapter_dir=adapter_dir,
+        env_installs=env_installs,
     )
     if cfg.rollout.engine == "vllm":
         ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed, devices))
@@ -568,8 +580,18 @@ def evaluate_once(cfg: RLConfig) -> dict[str, float]:
     init_ray(cfg.ray)
     model_path = str(Path(cfg.actor.model_name_or_path).resolve())
     gpus = float(cfg.vllm.gpus_per_engine) if cfg.rollout.engine == "vllm" else 0.0
+    installs = isolated_installs(e.env_id for e in env_mix(cfg))
+    paths = shared_paths(cfg, installs)
+    paths.pop("--ckpt.output_dir")  # only the driver writes there
+    check_every_node(paths)
+    servers = serve_here(installs)  # the eval rows come from them
     rollout = start_rollout_worker(
-        cfg, model_path, num_gpus=gpus, num_threads=cpu_threads(cfg.actor.num_threads, 1), options={}
+        cfg,
+        model_path,
+        num_gpus=gpus,
+        num_threads=cpu_threads(cfg.actor.num_threads, 1),
+        options={},
+        env_installs=installs,
     )
     try:
         t = time.perf_counter()
@@ -578,10 +600,11 @@ def evaluate_once(cfg: RLConfig) -> dict[str, float]:
         metrics = {f"eval/{k}": v for k, v in result.items()} | {"timing/eval_s": time.perf_counter() - t}
     finally:
         try:
-            if cfg.rollout.engine == "vllm" or cfg.judge.enabled:
-                ray.get(rollout.shutdown.remote(), timeout=60)
+            stops = [rollout.shutdown.remote()] + [s.stop.remote() for s in servers]
+            ray.wait(stops, num_returns=len(stops), timeout=60)
         finally:
-            ray.kill(rollout)
+            for actor in (rollout, *servers):
+                ray.kill(actor)
     logger = MetricsLogger(
         output_dir, 0, progress=False, description="eval", logger=cfg.logger, config=dataclasses.asdict(cfg)
     )

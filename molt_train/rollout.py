@@ -31,6 +31,7 @@ from molt_envs import SamplingParams, Trajectory, load_agent_runner
 from molt_envs.vision import text_tokenizer
 from molt_train.data import MixSampler, env_mix, load_eval_rows
 from molt_train.engines.hf import HFEngine
+from molt_train.env_servers import serve_here
 from molt_train.experience import as_trajectories, drop_reason, estimator_group
 from molt_train.models.multimodal import placeholder_ids
 
@@ -60,6 +61,7 @@ class RolloutWorker:
         lora: Any = None,
         adapter_dir: str | None = None,
         device: str = "cpu",
+        env_installs: dict[str, Any] | None = None,
     ) -> None:
         if num_threads:
             torch.set_num_threads(num_threads)
@@ -84,6 +86,8 @@ class RolloutWorker:
         self.whole_batches = engine == "vllm" and not partial_rollout
         self._batch_lock: asyncio.Lock | None = None
         ids = [env_id] if isinstance(env_id, str) else list(env_id or ())
+        # a Ray run's isolated installs: an env server of this worker's own on its node, owned by a Ray actor
+        self.env_servers = serve_here(env_installs) if env_installs else []
         self.env_id = ids[0] if ids else None  # evaluation of rows that name no env
         self.runners: dict[str, Any] = {}  # a row's env -> its runner; a row of no env (or an agent) -> self.runner
         if agent_path:
@@ -404,6 +408,9 @@ class RolloutWorker:
         await self.engine.wake_up()
 
     async def shutdown(self) -> None:
+        """Stop what this actor started that a kill would leave behind: env servers' logs, the judge server, vLLM's
+        engine-core process."""
+        await asyncio.gather(*(server.stop.remote() for server in self.env_servers))
         if self.judge_server is not None:
             await self.judge_server.stop()
         if hasattr(self.engine, "shutdown"):  # vllm: its engine-core process

@@ -3,9 +3,13 @@
 The head runs in one network namespace (198.51.100.1), the second raylet in another (198.51.100.2, with the
 resource ``node_b``), a veth pair between them; 198.51.100.0/24 is a documentation range and no route leaves the two
 namespaces, and each node has its own ``--temp-dir``, so no other Ray on this machine can join or be joined. The
-driver (``molt-train rl --ray.address``) runs in the head's namespace. Midway through the run the test kills every
-process of the second node; the run must count that node's episodes as dropped, re-create its actors on the head
-node, and finish. Ray's state API (``ray.util.state``) then says where every actor ran.
+driver (``molt-train rl --ray.address``) runs in the head's namespace. The run's env is an isolated install (its
+own venv), so every rollout worker serves it from an ``EnvServerActor`` on its node; every episode also runs a
+sandbox of the ``ray`` provider. Midway through the run the test kills every process of the second node; the run
+must count that node's episodes as dropped, re-create its actors on the head node, and finish. Ray's state API
+(``ray.util.state``) then says where every actor ran. The second node also has a mount namespace of its own, in
+which one directory of the driver's (``driver-only``) is an empty tmpfs: a run whose checkpoint lies there is
+refused before any actor starts, naming the path and the node.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ import time
 from pathlib import Path
 
 import pytest
+
+from env_registry.artifacts import inspect_release
+from env_registry.store import LocalRegistry
 
 HEAD_IP, NODE_B_IP = "198.51.100.1", "198.51.100.2"
 ADDRESS = f"{HEAD_IP}:6379"
@@ -46,8 +53,52 @@ RAY_START = (
     "sys.exit(main())\n"
 )
 RAY = [sys.executable, "-c", RAY_START]
-AGENT = Path(__file__).parent / "agents" / "sandboxed_arith.py"
+AGENT = Path(__file__).parent / "agents" / "served_sandboxed_arith.py"
+SERVED = "test/served-arith-v1"  # the agent's env, installed isolated by the test
 STEPS, KILL_AFTER_STEP = 8, 2
+PACKAGE = {
+    "served_arith/__init__.py": '''
+"""Arithmetic served from a venv of its own: molt/arith-v1's grader and tasks."""
+
+from molt_envs.envs.arith import ArithEnv, generate_split  # noqa: F401
+''',
+    "pyproject.toml": f'''
+[build-system]
+requires = ["hatchling>=1.25"]
+build-backend = "hatchling.build"
+
+[project]
+name = "served-arith"
+version = "1.0.0"
+requires-python = ">=3.11"
+dependencies = ["molt-ecosystem"]
+
+[project.entry-points."molt.envs"]
+"{SERVED}" = "served_arith:ArithEnv"
+
+[tool.hatch.build.targets.wheel]
+packages = ["served_arith"]
+
+[tool.hatch.build.targets.wheel.extra-metadata]
+"pyproject.toml" = "molt/pyproject.toml"
+
+[[tool.molt.env]]
+id = "{SERVED}"
+entry_point = "served_arith:ArithEnv"
+max_turns = 1
+[tool.molt.env.datasets.train]
+generator = "served_arith:generate_split"
+kwargs = {{ size = 256 }}
+input_key = "question"
+label_key = "answer"
+reference_key = "answer"
+[tool.molt.env.datasets.test]
+generator = "served_arith:generate_split"
+kwargs = {{ size = 64 }}
+input_key = "question"
+label_key = "answer"
+''',
+}
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("ip") is None, reason="network namespaces need root and iproute2"
@@ -76,6 +127,8 @@ class Cluster:
         self.dev = {"a": f"mva{tag}", "b": f"mvb{tag}"}
         self.ip = {"a": HEAD_IP, "b": NODE_B_IP}
         self.tmp = Path(tempfile.mkdtemp(prefix="molt-mn-"))  # short: Ray's socket paths live under it
+        self.driver_only = self.tmp / "driver-only"  # node B sees an empty tmpfs here
+        self.driver_only.mkdir()
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")} | {
             "RAY_USAGE_STATS_ENABLED": "0",
             # nothing outside the two namespaces can reach this cluster: no token to share between its nodes
@@ -87,10 +140,14 @@ class Cluster:
     def exec(self, side: str, *cmd: str) -> list[str]:
         return ["ip", "netns", "exec", self.ns[side], *cmd]
 
-    def start_node(self, side: str, *flags: str) -> None:
-        """``ray start`` in ``side``'s namespace. A raylet waits a fixed 15 s for its agents' port files, which a
-        loaded 2-core machine can exceed: the node starts at a raised priority, then drops back to the default."""
-        sh("nice", "-n", "-19", *self.exec(side, *RAY, "start", *flags), env=self.env, timeout=300)
+    def start_node(self, side: str, *flags: str, hide: Path | None = None) -> None:
+        """``ray start`` in ``side``'s namespace (with ``hide``: in a mount namespace of its own, where an empty
+        tmpfs covers that directory). A raylet waits a fixed 15 s for its agents' port files, which a loaded 2-core
+        machine can exceed: the node starts at a raised priority, then drops back to the default."""
+        start = [*RAY, "start", *flags]
+        if hide is not None:
+            start = ["unshare", "-m", "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"', str(hide), *start]
+        sh("nice", "-n", "-19", *self.exec(side, *start), env=self.env, timeout=300)
         for pid in sh("ip", "netns", "pids", self.ns[side]).stdout.split():
             with contextlib.suppress(ProcessLookupError):
                 os.setpriority(os.PRIO_PROCESS, int(pid), 0)
@@ -136,6 +193,7 @@ class Cluster:
             "--resources",
             '{"node_b": 1}',
             *common,
+            hide=self.driver_only,
         )
 
     def kill(self, side: str) -> list[int]:
@@ -187,18 +245,57 @@ def model_dir(tiny_tokenizer, tiny_model, tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="module")
-def killed_run(cluster, model_dir, tmp_path_factory):
-    """``molt-train rl`` on the cluster with two rollout workers; node B is killed once step 2 is logged."""
-    out = tmp_path_factory.mktemp("rl")
-    cmd = [
-        *("-m", "molt_train.cli", "rl", "--ray.address", ADDRESS, "--env", "molt/arith-v1"),
-        *("--train.agent_path", str(AGENT), "--actor.model_name_or_path", model_dir, "--ckpt.output_dir", str(out)),
+def molt_cache(tmp_path_factory) -> Path:
+    """A ``$MOLT_CACHE`` holding ``SERVED`` installed isolated (real venv, real pip) from a local registry."""
+    from hatchling.builders.sdist import SdistBuilder
+    from hatchling.builders.wheel import WheelBuilder
+
+    root = tmp_path_factory.mktemp("served")
+    for name, text in PACKAGE.items():
+        (root / "src" / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / "src" / name).write_text(text.lstrip())
+    (root / "dist").mkdir()
+    wheel = next(WheelBuilder(str(root / "src")).build(directory=str(root / "dist"), versions=["standard"]))
+    sdist = next(SdistBuilder(str(root / "src")).build(directory=str(root / "dist"), versions=["standard"]))
+    LocalRegistry(root / "registry").publish(inspect_release(Path(wheel), Path(sdist)))
+    molt_env = str(Path(sys.executable).with_name("molt-env"))
+    cmd = [molt_env, "install", "--isolated", "--registry", str(root / "registry"), SERVED]
+    sh(*cmd, env=os.environ | {"MOLT_CACHE": str(root / "cache")}, timeout=600)
+    return root / "cache"
+
+
+def rl_command(model: str, out: Path) -> list[str]:
+    return [
+        *("-m", "molt_train.cli", "rl", "--ray.address", ADDRESS, "--env", SERVED),
+        *("--train.agent_path", str(AGENT), "--actor.model_name_or_path", model, "--ckpt.output_dir", str(out)),
         *("--rollout.num_workers", "2", "--rollout.batch_size", "8", "--rollout.max_new_tokens", "4"),
         *("--train.num_steps", str(STEPS), "--eval.max_samples", "4", "--no-logger.progress"),
     ]
+
+
+def test_a_checkpoint_only_the_driver_sees_is_refused_naming_it_and_the_node(cluster, model_dir, molt_cache, tmp_path):
+    hidden = cluster.driver_only / "model"
+    shutil.copytree(model_dir, hidden)
+    cmd = cluster.exec("a", sys.executable, *rl_command(str(hidden), tmp_path / "run"))
+    done = subprocess.run(cmd, capture_output=True, text=True, env=cluster.env | {"MOLT_CACHE": str(molt_cache)})
+    out = done.stdout + done.stderr
+    assert done.returncode != 0, out[-3000:]
+    assert f"{hidden} (--actor.model_name_or_path) does not exist on node {NODE_B_IP}" in out, out[-3000:]
+    assert out.count("does not exist on node") == 1, out[-3000:]  # the rest (output dir, agent, venv) is shared
+    print(out.strip().splitlines()[-1])
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()  # refused before anything ran
+
+
+@pytest.fixture(scope="module")
+def killed_run(cluster, model_dir, molt_cache, tmp_path_factory):
+    """``molt-train rl`` on the cluster with two rollout workers; node B is killed once step 2 is logged."""
+    out = tmp_path_factory.mktemp("rl")
     log = (out / "driver.log").open("w")
     driver = subprocess.Popen(
-        cluster.exec("a", sys.executable, *cmd), stdout=log, stderr=subprocess.STDOUT, env=cluster.env
+        cluster.exec("a", sys.executable, *rl_command(model_dir, out)),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=cluster.env | {"MOLT_CACHE": str(molt_cache)},
     )
     metrics = out / "metrics.jsonl"
     try:
@@ -229,10 +326,12 @@ def test_the_two_nodes_have_different_addresses(killed_run):
     assert {n["ip"]: n["state"] for n in killed_run["state"]["nodes"]} == {HEAD_IP: "ALIVE", NODE_B_IP: "DEAD"}
 
 
-def test_rollout_workers_and_sandbox_actors_ran_on_both_nodes(killed_run):
+def test_rollout_workers_env_servers_and_sandbox_actors_ran_on_both_nodes(killed_run):
     state = killed_run["state"]
     workers = placement(state, "RolloutWorker")
     assert set(workers) == {HEAD_IP, NODE_B_IP}, workers  # --rollout.num_workers 2: one per node
+    servers = placement(state, "EnvServerActor")
+    assert set(servers) == {HEAD_IP, NODE_B_IP}, servers  # each rollout worker's env server, on its node
     sandboxes = placement(state, "_SandboxActor")
     assert {HEAD_IP, NODE_B_IP} <= set(sandboxes), sandboxes  # the sandbox ray provider spreads too
     assert set(placement(state, "PolicyWorker")) == {HEAD_IP}  # the CPU trainer rank stays by the driver
@@ -243,6 +342,9 @@ def test_a_lost_node_drops_its_episodes_and_its_actors_come_back_on_the_survivor
     state = killed_run["state"]
     workers = placement(state, "RolloutWorker")
     assert sorted(workers) == [HEAD_IP, HEAD_IP, NODE_B_IP], workers  # the lost worker, re-created on the head
+    servers = placement(state, "EnvServerActor")
+    # the driver's (it reads the env's datasets from it), one per rollout worker: the lost one's re-created with it
+    assert sorted(servers) == [HEAD_IP, HEAD_IP, HEAD_IP, NODE_B_IP], servers
     metrics = killed_run["metrics"]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))  # the run finished
     lost = sum(m.get("rollout/dropped/rollout_worker_lost", 0) for m in metrics)
@@ -253,3 +355,5 @@ def test_a_lost_node_drops_its_episodes_and_its_actors_come_back_on_the_survivor
     # head node serve the last steps whole
     assert [m["rollout/dropped_total"] for m in metrics[-2:]] == [0, 0], metrics[-2:]
     assert (killed_run["out"] / "hf" / "config.json").is_file()
+    for cls in ("RolloutWorker", "EnvServerActor", "_SandboxActor", "PolicyWorker"):  # for the record (-rP)
+        print(cls, sorted(placement(state, cls)))
