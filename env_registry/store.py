@@ -409,6 +409,7 @@ class LocalRegistry(Credentials, EvalSummaries, ValidationStates):
             NotFound: nothing provides it, the pin does not exist, or every version providing it is yanked.
         """
         parsed = parse_env_id(env_id)
+        pin = None if parsed.pin is None else Version(names.package_version(parsed.pin))  # a bad pin: 400, not 404
         with database.read(self.engine) as db:
             pattern = re.sub(r"([!%_])", r"!\1", parsed.base) + "-v%"
             rows = db.execute(queries.ID_FAMILY, {"env_id": parsed.unpinned, "pattern": pattern}).all()
@@ -430,7 +431,7 @@ class LocalRegistry(Credentials, EvalSummaries, ValidationStates):
             ]
             candidates = self._releases(db, release_rows, providers[0] if len(providers) == 1 else None)
         if parsed.pin is not None:
-            pinned = [r for r in candidates if Version(r.version) == Version(names.package_version(parsed.pin))]
+            pinned = [r for r in candidates if Version(r.version) == pin]
             if not pinned:
                 raise NotFound(
                     f"{parsed.unpinned!r} has no package version {parsed.pin}; published: "
