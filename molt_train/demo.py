@@ -103,32 +103,6 @@ GPU_RECIPE = Recipe(
 )  # fmt: skip
 
 
-# ``molt-train demo --vision``: the same lesson on images, on the CPU: the tiny VLM (``--model.config tiny-vl``,
-# LLaVA classes from scratch) on ``molt/shapes-v1`` (count, colour and compare pillow-drawn shapes); images go
-# through the runner, the hf engine and the policy forward (molt_train/README.md, "Vision models").
-VISION_RECIPE = Recipe(
-    env="molt/shapes-v1",
-    demos=256,
-    sft_start=100,
-    sft_steps=400,
-    eval_every=100,
-    rl_steps=40,
-    max_new_tokens=4,
-    sft_flags=(
-        "--model.config", "tiny-vl", "--model.hidden_size", "64", "--model.vocab_size", "320",
-        "--train.batch_size", "32", "--actor.adam.lr", "3e-3",
-    ),
-    rl_flags=(
-        "--algo.advantage.estimator", "grpo", "--rollout.n_samples_per_prompt", "8", "--rollout.batch_size", "32",
-        "--rollout.temperature", "1.0", "--actor.adam.lr", "1e-3", "--actor.lr_warmup_ratio", "0.1",
-        "--actor.lr_scheduler", "cosine", "--train.force_sync_mode", "--train.micro_batch_size", "256",
-        "--train.max_tokens_per_gpu", "32768", "--rollout.max_batch_size", "256",
-    ),
-    max_len=128,
-    eval_rows=200,
-)  # fmt: skip
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="molt-train demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", default="runs/demo")
@@ -139,20 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="the GPU recipe: vLLM rollout + FSDP2 bf16 on one GPU, a 25M-parameter model, rg/word-sorting-v1",
     )
-    parser.add_argument(
-        "--vision",
-        action="store_true",
-        help="the vision recipe on the CPU: a tiny VLM from scratch on molt/shapes-v1 (images in every prompt)",
-    )
     args = parser.parse_args(argv)
-    if args.gpu and args.vision:
-        parser.error("--gpu and --vision are two recipes; pick one")
     if args.gpu:
         import torch
 
         if not torch.cuda.is_available():
             parser.error("--gpu needs a CUDA GPU (and vLLM: pip install -e '.[gpu]'); without one run the CPU demo")
-    recipe = GPU_RECIPE if args.gpu else VISION_RECIPE if args.vision else Recipe()
+    recipe = GPU_RECIPE if args.gpu else Recipe()
     result = run(recipe, Path(args.output_dir), args.seed, args.progress)
     print_summary(result)
     return 0
