@@ -171,8 +171,7 @@ def run(recipe: Recipe, out: Path, seed: int, progress: bool = True) -> dict[str
         if checkpoint != start_model.parent:
             shutil.rmtree(checkpoint)
     print(
-        f"[demo] 3/3 RL (GRPO, {recipe.rl_steps} steps, the env's reward) from SFT step {recipe.sft_start} "
-        f"-> {rl_dir}",
+        f"[demo] 3/3 RL (GRPO, {recipe.rl_steps} steps, the env's reward) from SFT step {recipe.sft_start} -> {rl_dir}",
         flush=True,
     )
     rl_cli.main(
