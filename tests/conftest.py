@@ -101,12 +101,12 @@ def pytest_configure(config):
     )
 
 
-# `make test` runs three pytest-xdist workers (`-n 3 --dist loadgroup`), each on one group of files in their usual
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`), each on one group of files in their usual
 # order: most of a test's time is spent waiting on processes it started (Ray workers importing torch, servers, pip,
-# jails; the suite keeps two cores about 40% busy), so three streams overlap on two cores. The trainer's tests that
-# share one in-process Ray instance per module are one group; the trainer runs that live in subprocesses or a cluster
-# of their own another; the rest the third. Splitting finer would break the order the files' fixtures assume (one
-# local Ray instance at a time per process; the venv the README and registry tests install into).
+# jails), so two streams overlap well on two cores. The trainer's tests that share one in-process Ray instance per
+# module are one group; the rest (the trainer runs that live in subprocesses or a cluster of their own among them, to
+# even the two out) the other. Splitting finer would break the order the files' fixtures assume (one local Ray
+# instance at a time per process; the venv the README and registry tests install into).
 TRAINER_TESTS = "tests/molt_train/"
 OWN_PROCESSES = ("test_demo.py", "test_multinode.py", "test_rl_harness.py")
 
@@ -114,8 +114,8 @@ OWN_PROCESSES = ("test_demo.py", "test_multinode.py", "test_rl_harness.py")
 def pytest_collection_modifyitems(config, items):
     for item in items:
         path = item.nodeid.split("::")[0]
-        trainer, own = path.startswith(TRAINER_TESTS), path.rsplit("/", 1)[-1] in OWN_PROCESSES
-        item.add_marker(pytest.mark.xdist_group("own" if trainer and own else "trainer" if trainer else "rest"))
+        in_process = path.startswith(TRAINER_TESTS) and path.rsplit("/", 1)[-1] not in OWN_PROCESSES
+        item.add_marker(pytest.mark.xdist_group("trainer" if in_process else "rest"))
         reasons = " ".join(str(m.kwargs.get("reason", "")) for m in item.iter_markers() if m.name in ("skip", "skipif"))
         if item.nodeid.startswith("tests/sandboxes/") or "sandbox" in reasons or "isolation" in reasons:
             item.add_marker("isolation")
