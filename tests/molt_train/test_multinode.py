@@ -219,8 +219,9 @@ class Cluster:
         script = (
             "import json; from ray.util.state import list_actors, list_nodes\n"
             "nodes = [{'id': n.node_id, 'ip': n.node_ip, 'state': n.state} for n in list_nodes()]\n"
-            "actors = [{'cls': a.class_name, 'node': a.node_id, 'state': a.state}"
-            " for a in list_actors(limit=10000, raise_on_missing_output=False)]\n"
+            "actors = [{'cls': a.class_name, 'node': a.node_id, 'state': a.state, 'pid': a.pid, 'id': a.actor_id,"
+            " 'death': str(a.death_cause)[:400]}"
+            " for a in list_actors(limit=10000, raise_on_missing_output=False, detail=True)]\n"
             "print(json.dumps({'nodes': nodes, 'actors': actors}))\n"
         )
         out = sh(*self.exec("a", sys.executable, "-c", script), env=self.env | {"RAY_ADDRESS": ADDRESS}, timeout=120)
@@ -319,7 +320,11 @@ def lines(path: Path) -> list[dict]:
 def placement(state: dict, cls: str) -> list[str]:
     """The IP of the node each ``cls`` actor ran on (alive or dead)."""
     ips = {n["id"]: n["ip"] for n in state["nodes"]}
-    return [ips.get(a["node"], "?") for a in state["actors"] if a["cls"] == cls]
+    return [ips.get(a["node"], "?") for a in actors(state, cls)]
+
+
+def actors(state: dict, cls: str) -> list[dict]:
+    return [a for a in state["actors"] if a["cls"] == cls]
 
 
 def test_the_two_nodes_have_different_addresses(killed_run):
@@ -331,7 +336,9 @@ def test_rollout_workers_env_servers_and_sandbox_actors_ran_on_both_nodes(killed
     workers = placement(state, "RolloutWorker")
     assert set(workers) == {HEAD_IP, NODE_B_IP}, workers  # --rollout.num_workers 2: one per node
     servers = placement(state, "EnvServerActor")
-    assert set(servers) == {HEAD_IP, NODE_B_IP}, servers  # each rollout worker's env server, on its node
+    # each rollout worker's env server, on its node (the message: every record, to tell a misplaced actor from one
+    # the state API lost)
+    assert set(servers) == {HEAD_IP, NODE_B_IP}, (servers, state["nodes"], actors(state, "EnvServerActor"))
     sandboxes = placement(state, "_SandboxActor")
     assert {HEAD_IP, NODE_B_IP} <= set(sandboxes), sandboxes  # the sandbox ray provider spreads too
     assert set(placement(state, "PolicyWorker")) == {HEAD_IP}  # the CPU trainer rank stays by the driver
@@ -344,7 +351,7 @@ def test_a_lost_node_drops_its_episodes_and_its_actors_come_back_on_the_survivor
     assert sorted(workers) == [HEAD_IP, HEAD_IP, NODE_B_IP], workers  # the lost worker, re-created on the head
     servers = placement(state, "EnvServerActor")
     # the driver's (it reads the env's datasets from it), one per rollout worker: the lost one's re-created with it
-    assert sorted(servers) == [HEAD_IP, HEAD_IP, HEAD_IP, NODE_B_IP], servers
+    assert sorted(servers) == [HEAD_IP, HEAD_IP, HEAD_IP, NODE_B_IP], (servers, actors(state, "EnvServerActor"))
     metrics = killed_run["metrics"]
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))  # the run finished
     lost = sum(m.get("rollout/dropped/rollout_worker_lost", 0) for m in metrics)
