@@ -309,13 +309,13 @@ def test_sigkill_mid_training_then_resume_loses_at_most_one_step(sft_run, tmp_pa
         "--rollout.max_new_tokens",
         "4",
         "--eval.max_samples",
-        "8",
+        "0",
         "--actor.model_name_or_path",
         str(sft_run / "hf"),
         "--ckpt.output_dir",
         str(out),
         "--train.num_steps",
-        "7",
+        "5",
         "--ckpt.save_steps",
         "1",
         "--ray.num_cpus",
@@ -331,11 +331,11 @@ def test_sigkill_mid_training_then_resume_loses_at_most_one_step(sft_run, tmp_pa
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 240
-        while max(logged_steps(), default=0) < 3:
+        while max(logged_steps(), default=0) < 2:
             assert proc.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
-            assert time.monotonic() < deadline, "the first run never reached step 3"
+            assert time.monotonic() < deadline, "the first run never reached step 2"
             time.sleep(0.2)
-        os.kill(proc.pid, signal.SIGKILL)  # mid-training: step 4 is in flight
+        os.kill(proc.pid, signal.SIGKILL)  # mid-training: step 3 is in flight
         proc.wait()
     finally:
         with contextlib.suppress(ProcessLookupError):
@@ -343,14 +343,14 @@ def test_sigkill_mid_training_then_resume_loses_at_most_one_step(sft_run, tmp_pa
     last_done = max(logged_steps())
     resumed = checkpoint.read_state(checkpoint.latest(out))["step"]
     assert last_done - resumed <= 1
-    assert last_done < 7
+    assert last_done < 5
 
     second = subprocess.run(
         cmd + ["--ckpt.load_enable"], capture_output=True, text=True, timeout=300, start_new_session=True
     )
     assert second.returncode == 0, second.stdout[-3000:] + second.stderr[-3000:]
     assert f"resumed from step {resumed}" in second.stdout
-    assert sorted(set(logged_steps())) == list(range(1, 8))
+    assert sorted(set(logged_steps())) == list(range(1, 6))
     assert (out / "hf" / "model.safetensors").exists()
 
 
