@@ -1,7 +1,8 @@
 """The tiny VLM through the trainer on a real local Ray instance and gloo FSDP2: SFT from scratch on
 `molt/shapes-v1` (``--model.config tiny-vl``), then GRPO from that checkpoint (images from the env's rows through the
 runner and the hf engine into the policy forward, whose recomputed log-probs match the engine's), checkpoints that
-reload with their processor, and the trained checkpoint served on both wires with an image."""
+reload with their processor, and the trained checkpoint served on both wires with an image; and (slow) an SFT run
+long enough to read the image: it beats every image-blind answerer on held-out rows."""
 
 from __future__ import annotations
 
