@@ -87,6 +87,12 @@ class ModelConfig:
     num_heads: int = option(4, "tiny model attention heads", minimum=1)
     intermediate_size: int = option(0, "tiny model MLP width (0 = 4 x hidden_size)", minimum=0)
     vocab_size: int = option(512, "tiny tokenizer vocabulary (byte-level BPE, one token per digit)", minimum=1)
+    image_size: int = option(
+        48, "tiny-vl image side in pixels (images are resized and centre-cropped to it)", minimum=1
+    )
+    patch_size: int = option(
+        8, "tiny-vl vision patch side in pixels: (image_size / patch_size) ** 2 image tokens", minimum=1
+    )
     lora_dim: int = option(0, "LoRA rank: train PEFT adapters only (0 = full fine-tuning)", minimum=0)
     lora_alpha: float = option(16.0, "LoRA scale numerator (the adapter is scaled by alpha / rank)", minimum=0)
     lora_target_modules: tuple[str, ...] = option(

@@ -103,6 +103,36 @@ GPU_RECIPE = Recipe(
 )  # fmt: skip
 
 
+# The vision measurement of molt_train/README.md ("Learning on molt/shapes-v1"): a `tiny-vl` from scratch (its 64 px
+# picture cut into 16 patches, one per grid cell of the env's canvas) SFT'd to convergence on 256 demonstrations,
+# then GRPO on the env's 4,000 prompts from that last checkpoint. `run(SHAPES_RECIPE, Path("runs/shapes"), 42)`
+# repeats it (the README has the figures and the time).
+SHAPES_RECIPE = Recipe(
+    env="molt/shapes-v1",
+    demos=256,
+    sft_start=900,
+    sft_steps=900,
+    eval_every=150,
+    rl_steps=60,
+    rl_eval_every=20,
+    threads=1,
+    max_new_tokens=6,
+    sft_flags=(
+        "--model.config", "tiny-vl", "--model.hidden_size", "64", "--model.vocab_size", "320",
+        "--model.image_size", "64", "--model.patch_size", "16", "--train.batch_size", "32", "--actor.adam.lr", "3e-4",
+    ),
+    rl_flags=(
+        "--algo.advantage.estimator", "grpo", "--rollout.n_samples_per_prompt", "8", "--rollout.batch_size", "64",
+        "--rollout.temperature", "1.0", "--actor.adam.lr", "1e-4", "--actor.lr_warmup_ratio", "0.1",
+        "--actor.lr_scheduler", "cosine", "--train.batch_size", "512", "--train.force_sync_mode",
+        "--train.micro_batch_size", "512", "--train.max_tokens_per_gpu", "16384", "--rollout.max_batch_size", "512",
+    ),
+    ray_cpus=2,
+    max_len=128,
+    eval_rows=200,
+)  # fmt: skip
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="molt-train demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--output_dir", default="runs/demo")

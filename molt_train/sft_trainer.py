@@ -132,6 +132,8 @@ def build_tiny(cfg: SFTConfig, rows: list[dict[str, Any]], out: Path) -> Path:
             num_layers=m.num_layers,
             num_heads=m.num_heads,
             intermediate_size=m.intermediate_size,
+            image_size=m.image_size,
+            patch_size=m.patch_size,
             max_positions=cfg.data.max_len,
             seed=cfg.train.seed,
         )

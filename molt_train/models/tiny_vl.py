@@ -54,7 +54,12 @@ def build_tiny_vl(
 
     Returns:
         ``out_dir``, a checkpoint loadable with ``AutoProcessor`` and ``AutoModelForImageTextToText``.
+
+    Raises:
+        ValueError: ``image_size`` is not a multiple of ``patch_size``.
     """
+    if image_size % patch_size:
+        raise ValueError(f"image_size={image_size} is not a multiple of patch_size={patch_size}")
     import torch
     from transformers import (
         AutoImageProcessor,

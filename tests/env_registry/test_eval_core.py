@@ -57,6 +57,32 @@ def test_engine_policy_evaluates_env_and_chat_agent_ids(tiny_engine, tiny_tokeni
     assert again["samples_this_run"] == 0 and again["envs"] == result["envs"]
 
 
+def test_engine_policy_shows_a_vision_model_each_rows_image(tiny_vl_engine, tmp_path):
+    """A vision env's rows reach the engine with their images, expanded into the prompt's placeholders (the eval
+    of a VLM is not image-blind)."""
+    from molt_envs.vision import image_digest
+
+    seen = []
+    generate = tiny_vl_engine.generate
+
+    async def recording(prompt_ids, params, mm_inputs=None):
+        seen.append((prompt_ids, mm_inputs))
+        return await generate(prompt_ids, params, mm_inputs)
+
+    tasks = load_tasks(parse_env_mix(["molt/shapes-v1"]), "test", 3)
+    policy = EnginePolicy(tiny_vl_engine, tiny_vl_engine.processor, 256, "tiny-vl")
+    tiny_vl_engine.generate = recording
+    try:
+        result = asyncio.run(evaluate(tasks, policy, EvalSettings(n=1, max_new_tokens=3), out=tmp_path))
+    finally:
+        del tiny_vl_engine.generate
+    assert result["failures"] == {} and len(seen) == 3
+    for ids, mm in seen:
+        assert mm is not None and len(mm) == 1 and ids.count(mm.token_id) == sum(mm.token_counts) > 0
+    sent = sorted(image_digest(mm.images[0]) for _, mm in seen)  # the episodes run concurrently: in any order
+    assert sent == sorted(image_digest(row["images"][0]) for row in tasks[0].rows)
+
+
 def test_the_store_drops_a_torn_line_and_refuses_a_corrupt_one(tmp_path):
     good = {"env_id": "e", "prompt_id": 0, "sample": 0, "reward": 1.0}
     (tmp_path / "samples.jsonl").write_text(json.dumps(good) + "\n" + '{"env_id": "e", "pro')
