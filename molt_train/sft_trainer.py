@@ -114,12 +114,18 @@ class SFTTrainer:
         self.policy.shutdown()
 
 
+ROLE_NAMES = ("system", "user", "assistant")
+
+
 def build_tiny(cfg: SFTConfig, rows: list[dict[str, Any]], out: Path) -> Path:
     """Train a tokenizer on the rows' text and save a fresh tiny model (``--model.*``: ``tiny``, or ``tiny-vl`` with
     its processor) next to it."""
     from molt_train.models.tiny import build_tiny_model, save_tiny, train_tokenizer
 
     texts = [_text(r["prompt"]) + " " + str(r["reference"] if r["reference"] is not None else r["label"]) for r in rows]
+    # the chat template's role headers, so each is a token or two as in a real tokenizer rather than a run of
+    # characters between a multi-turn prompt's last content and the reply (molt_envs/README.md, tic-tac-toe-v3)
+    texts += [" ".join(ROLE_NAMES)] * max(1, len(rows) // 10)
     m = cfg.model
     if m.config == "tiny-vl":
         from molt_train.models.tiny_vl import build_tiny_vl
