@@ -1,4 +1,4 @@
-"""Self-play on ``molt/tictactoe-v2`` end to end on a real local Ray instance: a tiny model SFT'd on random legal
+"""Self-play on ``molt/tictactoe-v3`` end to end on a real local Ray instance: a tiny model SFT'd on random legal
 moves (``molt-train sft``), then ``molt-train rl`` self-play (two seats a game), scored by the eval path (the
 ``test`` split: seeded games against a uniformly random player) before and after. Test-sized: it checks the
 pipeline, not learning (molt_envs/README.md has the measured numbers)."""
@@ -15,7 +15,7 @@ import env_registry
 from molt_envs import SamplingParams
 
 pytestmark = pytest.mark.slow
-ENV = "molt/tictactoe-v2"
+ENV = "molt/tictactoe-v3"
 EVAL_GAMES = 100
 
 
