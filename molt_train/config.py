@@ -87,6 +87,11 @@ class ModelConfig:
     num_heads: int = option(4, "tiny model attention heads", minimum=1)
     intermediate_size: int = option(0, "tiny model MLP width (0 = 4 x hidden_size)", minimum=0)
     vocab_size: int = option(512, "tiny tokenizer vocabulary (byte-level BPE, one token per digit)", minimum=1)
+    role_tokens: bool = option(
+        False,
+        "train the tiny tokenizer on the chat template's role names too, so a role header is a few tokens, not one "
+        "a character (molt/tictactoe-v3's copy needs it)",
+    )
     lora_dim: int = option(0, "LoRA rank: train PEFT adapters only (0 = full fine-tuning)", minimum=0)
     lora_alpha: float = option(16.0, "LoRA scale numerator (the adapter is scaled by alpha / rank)", minimum=0)
     lora_target_modules: tuple[str, ...] = option(

@@ -123,10 +123,9 @@ def build_tiny(cfg: SFTConfig, rows: list[dict[str, Any]], out: Path) -> Path:
     from molt_train.models.tiny import build_tiny_model, save_tiny, train_tokenizer
 
     texts = [_text(r["prompt"]) + " " + str(r["reference"] if r["reference"] is not None else r["label"]) for r in rows]
-    # the chat template's role headers, so each is a token or two as in a real tokenizer rather than a run of
-    # characters between a multi-turn prompt's last content and the reply (molt_envs/README.md, tic-tac-toe-v3)
-    texts += [" ".join(ROLE_NAMES)] * max(1, len(rows) // 10)
     m = cfg.model
+    if m.role_tokens:  # role headers of a few tokens, not one a character (molt_envs/README.md, tictactoe-v3)
+        texts += [" ".join(ROLE_NAMES)] * max(1, len(rows) // 10)
     if m.config == "tiny-vl":
         from molt_train.models.tiny_vl import build_tiny_vl
 
