@@ -93,6 +93,11 @@ class ModelConfig:
     patch_size: int = option(
         8, "tiny-vl vision patch side in pixels: (image_size / patch_size) ** 2 image tokens", minimum=1
     )
+    role_tokens: bool = option(
+        False,
+        "train the tiny tokenizer on the chat template's role names too, so a role header is a few tokens, not one "
+        "a character (molt/tictactoe-v3's copy needs it)",
+    )
     lora_dim: int = option(0, "LoRA rank: train PEFT adapters only (0 = full fine-tuning)", minimum=0)
     lora_alpha: float = option(16.0, "LoRA scale numerator (the adapter is scaled by alpha / rank)", minimum=0)
     lora_target_modules: tuple[str, ...] = option(

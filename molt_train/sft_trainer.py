@@ -114,6 +114,9 @@ class SFTTrainer:
         self.policy.shutdown()
 
 
+ROLE_NAMES = ("system", "user", "assistant")
+
+
 def build_tiny(cfg: SFTConfig, rows: list[dict[str, Any]], out: Path) -> Path:
     """Train a tokenizer on the rows' text and save a fresh tiny model (``--model.*``: ``tiny``, or ``tiny-vl`` with
     its processor) next to it."""
@@ -121,6 +124,8 @@ def build_tiny(cfg: SFTConfig, rows: list[dict[str, Any]], out: Path) -> Path:
 
     texts = [_text(r["prompt"]) + " " + str(r["reference"] if r["reference"] is not None else r["label"]) for r in rows]
     m = cfg.model
+    if m.role_tokens:  # role headers of a few tokens, not one a character (molt_envs/README.md, tictactoe-v3)
+        texts += [" ".join(ROLE_NAMES)] * max(1, len(rows) // 10)
     if m.config == "tiny-vl":
         from molt_train.models.tiny_vl import build_tiny_vl
 

@@ -1,15 +1,17 @@
-"""``molt/tictactoe-v1``, ``molt/tictactoe-v2`` and ``molt/connect-four-v1``: PettingZoo's classic board games as
+"""``molt/tictactoe-v1``, ``-v2``, ``-v3`` and ``molt/connect-four-v1``: PettingZoo's classic board games as
 multi-seat text games (``molt_envs.bridges.PettingZooGame``), self-play by default.
 
 The first seat plays ``X``, the second ``O``. Each turn a seat is shown the board; free tic-tac-toe squares show
-their number (``-v2`` adds a ``Free:`` line listing them: the same game and rewards, another observation), and
-connect four shows the column numbers above the board. The model may think first: the last number of its reply is
+their number (``-v2`` adds a ``Free:`` line listing them: the same game and rewards, another observation; ``-v3``
+lists them in a shuffled order seeded by the position, so the last listed square is a uniformly random legal move
+that a model can copy from a fixed place), and connect four shows the column numbers above the board. The model may think first: the last number of its reply is
 the move. A reply without a number, or a move onto a taken square or a full column, forfeits the
 game (-1 for the seat, +1 for the other): a counted ``illegal_move``, never a crash.
 
 Splits (``game_split``): ``train`` is self-play episode seeds; ``test`` plays against a uniformly random player,
 the model taking each seat in turn; ``sft`` is positions of random games with a random legal move as the
-reference reply (what a model is fine-tuned on before RL). The three draw from disjoint seed ranges.
+reference reply (what a model is fine-tuned on before RL; ``-v3``'s is the last square its ``Free:`` line lists).
+The three draw from disjoint seed ranges.
 """
 
 from __future__ import annotations
@@ -44,6 +46,22 @@ def tictactoe_board_free(observation: Any, agent: str, env: Any) -> str:
     return tictactoe_board(observation, agent, env) + "\nFree: " + " ".join(free)
 
 
+def shuffled_free(observation: Any) -> list[int]:
+    """The legal moves in a shuffled order seeded by the position (the observation's planes and mask), so one
+    position always lists them the same way: ``molt/tictactoe-v3``'s ``Free:`` order."""
+    free = [i for i, ok in enumerate(observation["action_mask"]) if ok]
+    key = "".join(str(int(v)) for v in observation["observation"].reshape(-1)) + "/" + "".join(map(str, free))
+    random.Random(key).shuffle(free)
+    return free
+
+
+def tictactoe_board_shuffled(observation: Any, agent: str, env: Any) -> str:
+    """``molt/tictactoe-v3``'s board: ``-v2``'s, its ``Free:`` line in ``shuffled_free``'s order (the last listed
+    square, a fixed distance before the reply, is a uniformly random legal move: what the ``sft`` split replies)."""
+    free = " ".join(str(i) for i in shuffled_free(observation))
+    return tictactoe_board(observation, agent, env) + "\nFree: " + free
+
+
 def tictactoe_rules(agent: str, env: Any) -> str:
     me, other = _marks(agent, env)
     return f"Tic-tac-toe. You are {me}, your opponent is {other}. Reply with the number of a free square."
@@ -66,7 +84,8 @@ def connect_four_rules(agent: str, env: Any) -> str:
 
 
 def game_split(split: str, size: int, seed: int, rows: str, **game_kwargs: Any) -> Iterator[dict[str, Any]]:
-    """Dataset rows of a game (``rows``: ``self_play``, ``vs_random`` or ``random_moves``; module docstring).
+    """Dataset rows of a game (``rows``: ``self_play``, ``vs_random``, ``random_moves`` or ``listed_moves``, whose
+    reply is the last square ``shuffled_free`` lists; module docstring).
 
     ``game_kwargs`` are the env's kwargs (the split sets ``env_kwargs = true``): ``random_moves`` plays the very
     game the env makes, so its prompts are exactly what a seat sees.
@@ -80,14 +99,18 @@ def game_split(split: str, size: int, seed: int, rows: str, **game_kwargs: Any) 
                 "prompt": "game against a random player",
                 "label": {"seed": k, "mode": "vs", "opponent": "random", "model_seat": i % 2},
             }
-    elif rows == "random_moves":
-        yield from _random_move_rows(size, seed, game_kwargs)
+    elif rows in ("random_moves", "listed_moves"):
+        yield from _random_move_rows(size, seed, game_kwargs, listed=rows == "listed_moves")
     else:
-        raise ValueError(f"rows {rows!r} is not one of 'self_play', 'vs_random', 'random_moves'")
+        raise ValueError(f"rows {rows!r} is not one of 'self_play', 'vs_random', 'random_moves', 'listed_moves'")
 
 
-def _random_move_rows(size: int, seed: int, game_kwargs: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    """Every position of random games, as the seat's whole conversation so far and a random legal reply."""
+def _random_move_rows(size: int, seed: int, game_kwargs: dict[str, Any], listed: bool) -> Iterator[dict[str, Any]]:
+    """Every position of random games, as the seat's whole conversation so far and a random legal reply.
+
+    ``listed``: the reply is the last square ``shuffled_free`` lists (a fixed function of the position, so one seat
+    of each game, alternating with the game, plays it and gives the rows, while the other plays uniformly random
+    moves and gives none: otherwise every game would be the same game)."""
     from molt_envs.bridges import PettingZooGame, random_legal_action
 
     game = PettingZooGame(**game_kwargs)
@@ -96,11 +119,17 @@ def _random_move_rows(size: int, seed: int, game_kwargs: dict[str, Any]) -> Iter
         rng = random.Random(k)
         game.reset(k)
         history: dict[str, list[dict[str, Any]]] = {s: [] for s in game.seats}
+        lister = game.seats[k % 2]
         while (seat := game.to_move()) is not None and produced < size:
             messages = history[seat] + game.observe(seat, first=not history[seat])
-            move = str(random_legal_action(game.env.observe(seat), seat, game.env, rng))
-            yield {"prompt": messages, "label": {"seed": k}, "reference": move}
-            produced += 1
+            observation = game.env.observe(seat)
+            if listed and seat == lister:
+                move = str(shuffled_free(observation)[-1])
+            else:
+                move = str(random_legal_action(observation, seat, game.env, rng))
+            if seat == lister or not listed:
+                yield {"prompt": messages, "label": {"seed": k}, "reference": move}
+                produced += 1
             history[seat] = [*messages, {"role": "assistant", "content": move}]
             game.play_text(seat, move)
         k += 1

@@ -15,6 +15,7 @@ from molt_envs.seats import OneSeatEnv, SeatRunner
 
 TTT = "molt/tictactoe-v2"  # the board ends with a ``Free:`` line; molt/tictactoe-v1 is the same game without it
 TTT_V1 = "molt/tictactoe-v1"
+TTT_V3 = "molt/tictactoe-v3"  # the Free line in a shuffled order seeded by the position
 
 
 def free_squares(prompt_ids, tokenizer) -> list[int]:
@@ -61,7 +62,7 @@ async def test_self_play_gives_one_token_exact_trajectory_per_seat(tiny_tokenize
 async def test_v1_keeps_its_board_text_and_v2_adds_the_free_line(tiny_tokenizer):
     """``-v1`` shows the board exactly as before the ``Free:`` line existed; ``-v2`` is the same game (moves,
     rewards, turns) whose boards end with it. Pinning the older version works, with Gymnasium's out-of-date warning."""
-    out_of_date = "'molt/tictactoe-v1' is out of date; consider molt/tictactoe-v2"
+    out_of_date = "'molt/tictactoe-v1' is out of date; consider molt/tictactoe-v3"
     with pytest.warns(env_registry.DeprecatedEnvWarning, match=out_of_date):
         v1_runner = env_registry.runner_for(TTT_V1)
     games = {}
@@ -148,7 +149,33 @@ async def test_a_failure_fails_every_seat_and_a_full_context_truncates_the_game(
     assert max(len(x.token_ids), len(o.token_ids)) <= 90
 
 
-@pytest.mark.parametrize("env_id", [TTT, "molt/connect-four-v1"])
+async def test_v3_lists_the_free_squares_shuffled_and_its_sft_replies_copy_the_last(tiny_tokenizer):
+    """``-v3`` is ``-v2``'s game whose ``Free:`` line lists the same squares in an order fixed by the position; its
+    ``sft`` rows reply with the last one listed, which over the split is every free square about equally often."""
+    from molt_envs.envs.board_games import shuffled_free
+
+    engine = ScriptedEngine(tiny_tokenizer, lambda n, ids: first_free(n, ids, tiny_tokenizer))
+    x3, _ = await run(env_registry.runner_for(TTT_V3), {"seed": 3}, engine, tiny_tokenizer)
+    x2, _ = await run(env_registry.runner_for(TTT), {"seed": 3}, engine, tiny_tokenizer)
+    v2_text, v3_text = tiny_tokenizer.decode(x2.token_ids), tiny_tokenizer.decode(x3.token_ids)
+    v2_free, v3_free = re.findall(r"\nFree: ([ 0-9]*)", v2_text), re.findall(r"\nFree: ([ 0-9]*)", v3_text)
+    assert len(v3_free) == x3.num_turns and [sorted(f.split()) for f in v3_free] == [f.split() for f in v2_free]
+    assert any(f.split() != sorted(f.split()) for f in v3_free)
+    assert re.sub(r"\nFree:[ 0-9]*", "", v3_text) == re.sub(r"\nFree:[ 0-9]*", "", v2_text)
+    rows = env_registry.load_split(env_registry.spec(TTT_V3), "sft", 400)
+    assert all(r["reference"] == r["prompt"][-1]["content"].rsplit(" ", 1)[1] for r in rows)
+    replies = [int(r["reference"]) for r in rows]
+    assert all(replies.count(square) > len(rows) / 9 / 2 for square in range(9))
+    assert len({r["label"]["seed"] for r in rows}) > 50 and len({len(r["prompt"]) for r in rows}) == 5
+    game = env_registry.make(TTT_V3)
+    game.reset(0)
+    observation = game.env.observe("player_1")
+    assert shuffled_free(observation) == shuffled_free(observation) and sorted(shuffled_free(observation)) == [
+        *range(9)
+    ]
+
+
+@pytest.mark.parametrize("env_id", [TTT, TTT_V3, "molt/connect-four-v1"])
 async def test_one_seat_view_plays_against_the_default_random_opponent(env_id):
     rows = env_registry.load_split(env_registry.spec(env_id), "test", 2)
     for row in rows:  # the test split plays against a random player, the model taking each seat in turn

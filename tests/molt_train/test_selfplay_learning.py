@@ -1,4 +1,4 @@
-"""Self-play on ``molt/tictactoe-v2`` end to end on a real local Ray instance: a tiny model SFT'd on random legal
+"""Self-play on ``molt/tictactoe-v3`` end to end on a real local Ray instance: a tiny model SFT'd on random legal
 moves (``molt-train sft``), then ``molt-train rl`` self-play (two seats a game), scored by the eval path (the
 ``test`` split: seeded games against a uniformly random player) before and after. Test-sized: it checks the
 pipeline, not learning (molt_envs/README.md has the measured numbers)."""
@@ -15,7 +15,7 @@ import env_registry
 from molt_envs import SamplingParams
 
 pytestmark = pytest.mark.slow
-ENV = "molt/tictactoe-v2"
+ENV = "molt/tictactoe-v3"
 EVAL_GAMES = 100
 
 
@@ -61,7 +61,17 @@ def test_self_play_runs_through_sft_rl_and_the_vs_random_eval(ray_local, tmp_pat
 
     sft, rl = tmp_path / "sft", tmp_path / "rl"
     common = ["--env", ENV, "--data.max_len", "512", "--no-logger.progress"]
-    sft_args = ["--data.split", "sft", "--model.config", "tiny", "--model.hidden_size", "32", "--model.num_layers", "2"]
+    sft_args = [
+        "--data.split",
+        "sft",
+        "--model.config",
+        "tiny",
+        "--model.role_tokens",
+        "--model.hidden_size",
+        "32",
+        "--model.num_layers",
+        "2",
+    ]
     sft_args += ["--train.num_steps", "10", "--train.batch_size", "16", "--actor.adam.lr", "3e-3"]
     assert sft_cli.main([*common, *sft_args, "--ckpt.output_dir", str(sft), "--eval.max_samples", "0"]) == 0
     frozen_checkpoint_seat_through_the_rollout_workers_loader(sft / "hf")
