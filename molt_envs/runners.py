@@ -141,6 +141,15 @@ class Runner(ABC):
             recorded in ``Trajectory.failure``.
         """
 
+    async def run_row(
+        self, row: dict[str, Any], sampling_params: SamplingParams, max_length: int, tokenizer: Any, engine: Engine
+    ) -> Trajectory | list[Trajectory]:
+        """``execute`` on one dataset row (``prompt``, ``label`` and, when it has any, ``images``): what every host
+        that runs rows calls (the trainer's rollout worker, the registry's eval), so no host drops a field. A
+        text-only runner's ``execute`` need not take ``images``: they are passed only when the row has some."""
+        images = {"images": row["images"]} if row.get("images") else {}
+        return await self.execute(row["prompt"], row["label"], sampling_params, max_length, tokenizer, engine, **images)
+
     def _new_trajectory(self, prompt: Any, label: Any, images: list[Any] | None) -> Trajectory:
         return Trajectory(
             prompt=prompt, label=label, images=list(images or []), env_id=self.env_id, spec_hash=self.spec_hash

@@ -222,14 +222,10 @@ class RolloutWorker:
     async def _episode(
         self, row: dict[str, Any], params: SamplingParams, group_id: str
     ) -> tuple[list[Trajectory], str | None]:
-        images = {"images": row["images"]} if row.get("images") else {}  # a text runner's signature may lack it
         runner = self.runners.get(row.get("env"), self.runner)
         try:
             result = await asyncio.wait_for(
-                runner.execute(
-                    row["prompt"], row["label"], params, self.max_len, self.tokenizer, self.engine, **images
-                ),
-                self.timeout_s,
+                runner.run_row(row, params, self.max_len, self.tokenizer, self.engine), self.timeout_s
             )
             segments = as_trajectories(result)
         except TimeoutError:

@@ -61,10 +61,7 @@ class EnginePolicy(Policy):
 
     async def run(self, task: EnvTask, row: dict[str, Any], params: SamplingParams) -> Episode:
         runner = self._runner(task)
-        images = {"images": row["images"]} if row.get("images") else {}  # a text runner's signature may lack it
-        result = await runner.execute(
-            row["prompt"], row["label"], params, self.max_length, self.tokenizer, self.engine, **images
-        )
+        result = await runner.run_row(row, params, self.max_length, self.tokenizer, self.engine)
         segments: list[Trajectory] = result if isinstance(result, list) else [result]
         episode = self.episode(segments, chat=isinstance(runner, ChatAgentRunner))
         if isinstance(runner, SeatRunner) and episode.reward is not None and len(segments) > 1:
