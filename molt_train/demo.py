@@ -74,19 +74,19 @@ class Recipe:
 
 
 # ``molt-train demo --gpu``: the same lesson through the GPU stack on one H200 (vLLM rollout colocated with an FSDP2
-# bf16 rank, CUDA-IPC weight sync, Ray), a 25M-parameter model from scratch and a reasoning-gym task whose answers
-# are longer words in <answer> tags. Run on an H200, it does not teach yet: its SFT start earns almost no reward,
-# so RL has nothing to climb (docs/demo.md, "On a GPU", has the figures and what to change).
+# bf16 rank, CUDA-IPC weight sync, Ray), a 25M-parameter model from scratch and reasoning-gym's word sorting (3-5
+# words). Run on an H200 it fits the 10 minutes (555 s) but does not teach yet: its SFT start earns no reward, so RL
+# has nothing to climb (docs/demo.md, "On a GPU", has the figures and what to change).
 GPU_RECIPE = Recipe(
-    env="rg/word-sorting-v1",
-    demos=128,
-    sft_start=100,
-    sft_steps=600,
-    eval_every=100,
-    rl_steps=60,
-    rl_eval_every=20,
+    env="rg/word-sorting-easy-v1",
+    demos=512,
+    sft_start=150,
+    sft_steps=450,
+    eval_every=75,
+    rl_steps=40,
+    rl_eval_every=10,
     threads=8,
-    max_new_tokens=96,
+    max_new_tokens=48,
     sft_flags=(
         "--model.config", "tiny", "--model.hidden_size", "512", "--model.num_layers", "8", "--model.num_heads", "8",
         "--model.vocab_size", "4096", "--train.batch_size", "64", "--actor.adam.lr", "1e-3",
@@ -94,8 +94,8 @@ GPU_RECIPE = Recipe(
     rl_flags=(
         "--rollout.engine", "vllm", "--train.colocate_all", "--vllm.gpu_memory_utilization", "0.4",
         "--algo.advantage.estimator", "grpo", "--rollout.n_samples_per_prompt", "8",
-        "--rollout.batch_size", "128", "--rollout.temperature", "1.0", "--actor.adam.lr", "3e-4",
-        "--actor.lr_warmup_ratio", "0.1", "--actor.lr_scheduler", "cosine", "--train.batch_size", "512",
+        "--rollout.batch_size", "64", "--rollout.temperature", "1.0", "--actor.adam.lr", "5e-4",
+        "--actor.lr_warmup_ratio", "0.1", "--actor.lr_scheduler", "cosine", "--train.batch_size", "256",
         "--train.force_sync_mode",
     ),
     ray_cpus=16,

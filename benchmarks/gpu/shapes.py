@@ -190,6 +190,9 @@ def make_vl_model(path: str, shape: str, device: str = "cuda") -> str:
     params = sum(p.numel() for p in model.parameters())
     (out / "made.json").write_text(json.dumps({"shape": shape, "params": params}))
     print(f"made {path}: Qwen2.5-VL {shape}, {params / 1e6:.1f}M params, {time.time() - start:.1f}s", flush=True)
+    del model  # the caller goes on to start vLLM and a trainer on this GPU: 16 GB cached here made them run out
+    if device == "cuda":
+        torch.cuda.empty_cache()
     return path
 
 

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, mode: str, rows: Path, out: Path) -> list[dict
     cmd = [
         sys.executable, "-m", "molt_train.cli", "rl", "--env", "molt/shapes-v1", "--data.prompt_dataset", str(rows),
         "--data.input_key", "question", "--data.label_key", "answer", "--actor.model_name_or_path", args.model,
-        "--rollout.engine", "vllm", "--train.colocate_all", "--vllm.gpu_memory_utilization", "0.35",
+        "--rollout.engine", "vllm", "--train.colocate_all", "--vllm.gpu_memory_utilization", "0.35", "--vllm.enable_sleep",
         "--train.force_sync_mode", "--train.check_weight_update_equal", "--algo.advantage.estimator", "grpo",
         "--rollout.batch_size", str(args.prompts), "--rollout.n_samples_per_prompt", str(args.samples),
         "--rollout.max_new_tokens", str(args.new_tokens), "--rollout.top_k", "-1", "--data.max_len", "2048",
