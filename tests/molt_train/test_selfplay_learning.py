@@ -124,7 +124,8 @@ def vs_random_rows(path: Path, n: int = 2000) -> Path:
 def test_rl_against_a_random_player_raises_the_win_or_draw_rate(ray_local, tmp_path):
     """SFT copying the last listed square (200 steps), then the last-or-second-to-last square (300 steps), then
     GRPO against a random player at temperature 1 (100 steps); the greedy eval on the test split's 100 games.
-    Measured (molt_envs/README.md): win or draw 0.60 -> 0.72, eval/accuracy 0.06 -> 0.35."""
+    Measured (molt_envs/README.md): win or draw 0.60 -> 0.71, mean reward 0.06 -> 0.27 (a 50-step run gave +0.05
+    once, hence 100); 299 s on 2 cores with another job running."""
     from molt_train import rl_cli, sft_cli
 
     copier, sft, rl = tmp_path / "copier", tmp_path / "sft", tmp_path / "rl"
@@ -146,6 +147,6 @@ def test_rl_against_a_random_player_raises_the_win_or_draw_rate(ray_local, tmp_p
     assert rl_cli.main(args) == 0
     after = vs_random(rl / "hf")
     print(f"vs random before RL {before}, after {after}")
-    assert after["win_or_draw"] >= before["win_or_draw"] + 0.06, (before, after)  # measured +0.12
-    assert after["mean_reward"] >= before["mean_reward"] + 0.15, (before, after)  # measured +0.29
+    assert after["win_or_draw"] >= before["win_or_draw"] + 0.06, (before, after)  # measured +0.11
+    assert after["mean_reward"] >= before["mean_reward"] + 0.15, (before, after)  # measured +0.21
     assert after["illegal"] <= before["illegal"], (before, after)
