@@ -144,6 +144,10 @@ class PettingZooGame(Game):
         instructions: ``fn(agent, env) -> str``, the seat's system message (rules, its mark, the action grammar).
         illegal_reward: what a seat gets for an action that does not parse or is not legal (an action mask says
             which are); the game ends there and the other seats share ``-illegal_reward`` (zero-sum stays so).
+        forfeit_credit: False: the other seats get 0 for a forfeit instead (a win, loss or draw stays zero-sum;
+            a broken rule is the offender's loss alone), so a shared self-play policy is not paid by one seat for
+            the other's mistake. An experiment's option (molt_envs/README.md: it did not stop tic-tac-toe
+            self-play from collapsing); no catalog env sets it.
         mode, opponent, seat_policies: who plays which seat (``molt_envs.seats.Game``).
 
     Raises:
@@ -159,6 +163,7 @@ class PettingZooGame(Game):
         observation_formatter: str | None = None,
         instructions: str | None = None,
         illegal_reward: float = -1.0,
+        forfeit_credit: bool = True,
         mode: str = "self_play",
         opponent: str = "random",
         seat_policies: dict[str, str] | None = None,
@@ -191,6 +196,7 @@ class PettingZooGame(Game):
         self.format_observation = load_callable(observation_formatter, _format_agent, "observation_formatter")
         self.instructions = load_callable(instructions, None, "instructions") if instructions else None
         self.illegal_reward = float(illegal_reward)
+        self.forfeit_credit = bool(forfeit_credit)
         super().__init__(list(self.env.possible_agents), mode=mode, opponent=opponent, seat_policies=seat_policies)
 
     def reset(self, seed: int | None) -> None:
@@ -238,8 +244,9 @@ class PettingZooGame(Game):
         return mask is None or bool(mask[int(action)])
 
     def _forfeit(self, seat: str) -> bool:
-        """The seat loses: ``illegal_reward`` for it, its opposite shared by the others; the game is over."""
-        others = [s for s in self.seats if s != seat]
+        """The seat loses: ``illegal_reward`` for it, its opposite shared by the others (unless
+        ``forfeit_credit`` is off); the game is over."""
+        others = [s for s in self.seats if s != seat] if self.forfeit_credit else []
         self.totals[seat] += self.illegal_reward
         for other in others:
             self.totals[other] -= self.illegal_reward / len(others)

@@ -106,6 +106,23 @@ async def test_an_illegal_move_is_a_counted_forfeit(tiny_tokenizer):
     assert (x.seat, x.reward, x.info["illegal_move"], x.num_turns) == ("player_1", -1.0, 1.0, 1)
 
 
+def test_without_forfeit_credit_an_illegal_move_costs_only_its_seat():
+    """``forfeit_credit=False`` (an experiment's option, molt_envs/README.md): the other seat gets 0, not +1."""
+    game = env_registry.make(TTT, forfeit_credit=False, illegal_reward=-2.0)
+    game.reset(0)
+    assert game.play_text("player_1", "4") and not game.play_text("player_2", "4")
+    assert game.returns() == {"player_1": 0.0, "player_2": -2.0} and game.to_move() is None
+    assert game.info("player_1") == {
+        "illegal_move": 0.0,
+        "opponent_illegal_move": 1.0,
+        "win": 0.0,
+        "draw": 0.0,
+        "loss": 0.0,
+    }
+    assert game.info("player_2")["loss"] == 1.0
+    game.close()
+
+
 def center_first(observation, agent, env, rng):
     """A scripted player: the centre if free, else the first free square."""
     legal = [i for i, ok in enumerate(observation["action_mask"]) if ok]
