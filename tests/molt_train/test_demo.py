@@ -53,13 +53,20 @@ def test_the_demo_reports_three_figures_and_writes_the_report(two_runs, capsys):
     assert [s for s, _, _ in result["rl_curve"]] == [0, 1, 2]
     assert result["rl_curve"][0][1] == result["sft_start"]["accuracy"]  # RL starts from the SFT start checkpoint
     assert result["baseline"]["accuracy"] == max(a for _, a, _ in result["sft_curve"])
+    sft_scores, rl_scores = dict(result["scores"]["sft"]), dict(result["scores"]["rl"])
+    assert list(sft_scores) == [2, 4] and list(rl_scores) == [1, 2]  # every evaluation keeps both figures
+    assert all(sft_scores[s]["pass@1"] == a for s, a, _ in result["sft_curve"])
+    assert all(0 <= v["pass@1"] <= v["accuracy"] <= 1 for v in [*sft_scores.values(), *rl_scores.values()])
     assert result["baseline"]["steps"] == 4 and result["train_prompts"] == 20000 and result["test_rows"] == 40
     assert len(result["rewards"]) == 2 and all(0 <= r <= 1 for _, r in result["rewards"])
     assert os.path.getsize(result["report"]) > 10_000
     demo.print_summary(result)
     printed = capsys.readouterr().out
-    for line in ("SFT start", "SFT baseline", "RL  ", "points over the baseline"):
+    for line in ("SFT start", "SFT baseline", "RL  ", "points over the baseline", "exact match, pass@1"):
         assert line in printed
+    demo.print_summary(result | {"metric": "accuracy"})  # the GPU recipe's: mean score, with exact match after it
+    printed = capsys.readouterr().out
+    assert "mean score, the env's partial credit" in printed and "exact match (pass@1): SFT start" in printed
 
 
 def test_two_runs_of_one_seed_compute_the_same_figures(two_runs):

@@ -138,6 +138,6 @@ def test_sft_from_scratch_reads_the_image(ray_local, tmp_path):
     flags += ["--train.seed", "42"]
     assert sft_cli.main(SHAPES + flags) == 0
     held_out = ["--env", "molt/shapes-v1", "--data.max_len", "128", "--eval.max_samples", str(EVAL_ROWS)]
-    accuracy = evaluate(held_out + ["--eval.max_new_tokens", "6"], tmp_path / "hf")
+    accuracy = evaluate(held_out + ["--eval.max_new_tokens", "6"], tmp_path / "hf")["pass@1"]
     blind = image_blind_ceiling(list(generate_split("test", EVAL_ROWS)))
     assert accuracy > blind + 0.1, (accuracy, blind)
