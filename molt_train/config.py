@@ -260,6 +260,19 @@ class TrainConfig:
         "generation, no weight sync, no eval)",
         commands=RL,
     )
+    routing_replay: bool = option(
+        False,
+        "MoE models (R3): the rollout engine records every position's experts and the training forward routes each "
+        "token through them (gate weights from the trainer's own router, which still trains); reports "
+        "train/routing_mismatch_frac",
+        commands=RL,
+    )
+    record_routing: bool = option(
+        False,
+        "MoE models: record the rollout engine's experts and report train/routing_mismatch_frac (the fraction of "
+        "(token, layer) choices the trainer makes otherwise) without replaying them",
+        commands=RL,
+    )
     colocate_fsdp_models: bool = option(
         True,
         "the reference ranks share the policy ranks' GPUs (bundles); --no-train.colocate_fsdp_models gives them "
@@ -274,6 +287,12 @@ class TrainConfig:
         if self.force_sync_mode is not None:
             return self.force_sync_mode
         return self.async_queue_size == 1 and not self.partial_rollout_enable
+
+    @property
+    def routing(self) -> str | None:
+        """MoE routing across rollout and training (``molt_train.routing``): "replay", "record" (measure only) or
+        None."""
+        return "replay" if self.routing_replay else "record" if self.record_routing else None
 
 
 @dataclass(frozen=True)
@@ -455,6 +474,11 @@ class RLConfig:
             raise ConfigError(
                 "--judge.policy (the policy judges) and --judge.model_name_or_path (a frozen judge) are two judges; "
                 "keep one"
+            )
+        if train.routing is not None and (self.actor.backend != "hf" or self.actor.compile):
+            raise ConfigError(
+                "--train.routing_replay / --train.record_routing wrap the routers of transformers' MoE models in "
+                "eager mode: they need --actor.backend hf without --actor.compile"
             )
         if train.rollout_replay_dir is None:
             return

@@ -10,6 +10,9 @@ micro-batch concatenates its rows' image tensors in row order, the order the for
 placeholders of ``input_ids``. A trajectory whose ``max_len`` cut would fall inside or before image placeholders is
 dropped (``image_tokens_truncated``): its tensors would no longer match its ids; so is one whose actions contain
 a placeholder token (``placeholder_generated``): the forward would look for an image that is not there.
+
+Rows whose engine recorded MoE routing (``info["routing"]``, ``molt_train.routing``) bring it as
+``extra["routing"]`` (N, L-1, layers, k) int16, on the next-token axis like the rest (``NO_RECORD`` elsewhere).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from torch import Tensor
 
 from molt_envs import Trajectory
 from molt_envs.vision import VisionInputs
+from molt_train.routing import NO_RECORD
 
 
 @dataclass
@@ -145,6 +149,14 @@ def make_experience(trajs: Sequence[Trajectory], max_len: int, pad_id: int) -> E
             ids, logq = t.info["top_logprobs"]
             top_ids[i, : len(ids[:length])], top_logq[i, : len(ids[:length])] = ids[:length], logq[:length]
         exp.extra.update(top_ids=top_ids[:, 1:], top_logq=top_logq[:, 1:])
+    recorded = [t.info["routing"] for t in trajs if "routing" in t.info]
+    if recorded:
+        routing = torch.full((n, length - 1, *recorded[0].shape[1:]), NO_RECORD, dtype=torch.int16)
+        for i, t in enumerate(trajs):
+            if "routing" in t.info:
+                rows = t.info["routing"][: length - 1]
+                routing[i, : len(rows)] = rows
+        exp.extra["routing"] = routing
     return exp
 
 

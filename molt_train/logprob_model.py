@@ -5,6 +5,10 @@ full-vocabulary logits of the whole batch never exist at once. With ``share_pref
 share their prompt run that prefix once (a KV cache copied to each row); see the class docstring. A vision model's
 rows bring their image tensors (``mm``), consumed by the model with its own positions (M-RoPE for Qwen2-VL-family
 models: ``molt_train.models.multimodal.position_ids``).
+
+An MoE policy under ``--train.routing_replay`` / ``--train.record_routing`` has a ``GateReplay`` on its routers
+(``replay``, set by the policy worker): each forward of the LM hands it the routing records of exactly the tokens it
+runs, the plain forward's rows, or the shared prefixes' and then the rows' suffixes.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from molt_train.models.multimodal import position_ids
+from molt_train.routing import NO_RECORD, GateReplay, input_axis
 
 
 def _chunk_logp(hidden: Tensor, targets: Tensor, weight: Tensor, temperature: float) -> Tensor:
@@ -49,6 +54,7 @@ class LogProbModel(nn.Module):
         self.share_prefixes = share_prefixes
         # compiled, a chunk's upcast, log-sum-exp and gather fuse: its fp32 logits are never written out
         self._chunk_logp = torch.compile(_chunk_logp, dynamic=True) if compile_chunks else _chunk_logp
+        self.replay: GateReplay | None = None
         # transformers 5.x names the KV cache argument `cache`; 4.x called it `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
 
@@ -60,11 +66,18 @@ class LogProbModel(nn.Module):
         action_mask: Tensor | None = None,
         mm: dict[str, Tensor] | None = None,
         candidates: Tensor | None = None,
+        routing: Tensor | None = None,
     ) -> Tensor:
         """``action_mask`` (N, L-1): where the actions start, for prefix sharing (None: a plain forward). ``mm``: the
         rows' image tensors, concatenated in row order (a vision model's rows; no prefix sharing then).
         ``candidates`` (N, L-1, k) token ids (score centering): the result is then (N, L-1, 2 + k), the target's
-        log-prob, ``sum_v sg(p_v) log p_v`` and the candidates' log-probs at each position (a plain forward)."""
+        log-prob, ``sum_v sg(p_v) log p_v`` and the candidates' log-probs at each position (a plain forward).
+        ``routing`` (N, L-1, layers, k): the rows' recorded experts (``molt_train.routing``), for ``replay``."""
+        if self.replay is None:
+            routing = None
+        else:  # the plain forward's records; the shared one sets its own per call
+            routing = None if routing is None else input_axis(routing)
+            self.replay.set(routing)
         if self.share_prefixes and action_mask is not None and not mm and candidates is None:
             lengths = attention_mask.sum(1)
             first_action = torch.where(action_mask.any(1), action_mask.int().argmax(1) + 1, lengths)
@@ -86,6 +99,7 @@ class LogProbModel(nn.Module):
                     torch.tensor(distinct, device=device),
                     torch.tensor([slot[o] for o in owner], device=device),
                     suffix,
+                    routing,
                 )
         mm = mm or {}
         hidden = self.lm.model(
@@ -108,15 +122,18 @@ class LogProbModel(nn.Module):
         first: Tensor,
         owner: Tensor,
         suffix: int,
+        routing: Tensor | None = None,
     ) -> Tensor:
         """``first``: a row of each distinct prefix; ``owner``: each row's prefix (an index into ``first``);
-        ``suffix``: the longest row's tokens after its prefix."""
+        ``suffix``: the longest row's tokens after its prefix; ``routing``: the rows' records on the input axis."""
         n, length = input_ids.shape
         device = input_ids.device
         p = prefix_lens[first]
         width = int(p.max())
         steps = torch.arange(width, device=device)
         prefix_mask = (steps < p[:, None]).long()  # right-padded: no query row is fully masked
+        if routing is not None:  # a prefix's tokens past its end are another row's, seen through the mask: live
+            self.replay.set(torch.where(prefix_mask[..., None, None].bool(), routing[first, :width], NO_RECORD))
         prefix = self.lm.model(
             input_ids=input_ids[first, :width],
             attention_mask=prefix_mask,
@@ -131,6 +148,10 @@ class LogProbModel(nn.Module):
         if suffix > 0:
             cols = p_row + torch.arange(suffix, device=device)[None, :]
             suffix_ids = input_ids.gather(1, cols.clamp(max=length - 1))
+            if routing is not None:
+                rows = torch.arange(n, device=device)[:, None]
+                real = (cols < lengths[:, None])[..., None, None]
+                self.replay.set(torch.where(real, routing[rows, cols.clamp(max=length - 1)], NO_RECORD))
             cache = getattr(prefix, self._cache_arg)
             cache.reorder_cache(owner)
             mask = torch.cat([prefix_mask[owner], (cols < lengths[:, None]).long()], dim=1)

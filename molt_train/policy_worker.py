@@ -8,6 +8,12 @@ the worker's micro-batches with ``rl_loss`` (or, without an ``AlgoConfig``, the 
 those of the whole optimizer window (all micro-batches on all data-parallel ranks), and the loss is scaled by the
 data-parallel size because FSDP averages gradients over those ranks. ``--fsdp.*`` (``molt_train.parallel``) adds
 tensor parallelism inside each layer and optimizer offload to the CPU.
+
+An MoE policy with ``routing`` (``--train.record_routing``: "record", ``--train.routing_replay``: "replay") gets a
+``GateReplay`` on its routers (``molt_train.routing``): every forward of a micro-batch that carries the rollout's
+routing (``extra["routing"]``) counts the routing mismatch and, replaying, routes through the recorded experts.
+``train_step`` returns the step's counts (``routing``), which the controller reports as
+``train/routing_mismatch_frac``.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from molt_train.algorithms import (
 from molt_train.logprob_model import LogProbModel
 from molt_train.models.multimodal import layers_to_shard, load_processor, model_class
 from molt_train.parallel import FSDPConfig
+from molt_train.routing import GateReplay
 
 if TYPE_CHECKING:
     from molt_train.config import ActorConfig, AlgoConfig, ModelConfig
@@ -140,6 +147,7 @@ class PolicyWorker:
         fsdp: FSDPConfig | None = None,
         lora: ModelConfig | None = None,
         adapter_dir: str | None = None,
+        routing: str | None = None,
     ) -> None:
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
         from transformers.utils import logging
@@ -153,6 +161,8 @@ class PolicyWorker:
         self.lora = lora if lora_adapters.enabled(lora) and trainable else None
         if self.lora is not None:  # only the adapters train (the frozen reference keeps the plain checkpoint)
             lora_adapters.inject(lm, self.lora, adapter_dir)
+        # the frozen reference routes with its own weights: it scores the rollout, it did not generate it
+        self.replay = GateReplay(lm, replay=routing == "replay") if routing and trainable else None
         lm = lm.to(self.device)
         self.config = lm.config
         if actor.gradient_checkpoint:
@@ -181,6 +191,7 @@ class PolicyWorker:
             compile_chunks=compiled,
             share_prefixes=actor.backend == "hf" and not actor.gradient_checkpoint and not compiled,
         )
+        self.model.replay = self.replay
         fully_shard(self.model, mesh=dp_mesh, **shard)
         self.optimizer = self.scheduler = None
         self._shared: list[Any] = []  # weight buckets a colocated engine is reading by CUDA IPC
@@ -210,6 +221,7 @@ class PolicyWorker:
                 temperature,
                 mb["action_mask"].to(self.device),
                 _mm(mb, self.device),
+                routing=mb["extra"].get("routing"),
             ).cpu()
             for mb in micro_batches
         ]
@@ -229,12 +241,22 @@ class PolicyWorker:
         self.optimizer.zero_grad(set_to_none=True)
         totals: dict[str, Tensor] = {}  # summed on the device: no host sync between micro-batches
         tokens_seen, loss_sum = 0, torch.zeros((), device=self.device)
+        if self.replay is not None:
+            self.replay.take()  # what forwards before this step counted
         for mb in micro_batches:
             mb = _to_device(mb, self.device)
             mask = mb["action_mask"]
             n = int(mask.sum())
             top_ids = mb["extra"].get("top_ids")
-            logp = self.model(mb["input_ids"], mb["attention_mask"], temperature, mask, mb["mm"], candidates=top_ids)
+            logp = self.model(
+                mb["input_ids"],
+                mb["attention_mask"],
+                temperature,
+                mask,
+                mb["mm"],
+                candidates=top_ids,
+                routing=mb["extra"].get("routing"),
+            )
             if top_ids is not None:  # score centering: the candidates' log-probs come with the targets'
                 mb["centering"] = {"expected_logp": logp[..., 1], "cand_logp": logp[..., 2:]}
                 logp = logp[..., 0]
@@ -257,6 +279,7 @@ class PolicyWorker:
             "grad_norm": grad_norm,
             "lr": lr,
             "weighted": {k: float(v) for k, v in totals.items()},
+            "routing": self.replay.take() if self.replay is not None else None,  # (differing, recorded) decisions
         }
 
     def _clip(self) -> float:

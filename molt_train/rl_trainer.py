@@ -120,6 +120,7 @@ class RLTrainer:
             fsdp=cfg.fsdp,
             lora=self.lora,
             adapter_dir=self.adapter_dir,
+            routing=cfg.train.routing,
         )
         if (
             self.placement.weight_sync == "nccl" and self.lora is None and not self.replay
@@ -557,6 +558,7 @@ def start_rollout_worker(
         engine=cfg.rollout.engine,
         partial_rollout=cfg.train.partial_rollout_enable,
         top_logprobs=cfg.algo.advantage.score_centering_top_k,
+        record_routing=cfg.train.routing is not None,
         lora=lora,
         adapter_dir=adapter_dir,
         env_installs=env_installs,

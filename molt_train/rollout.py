@@ -11,6 +11,10 @@ list of segment Trajectories sharing a ``rollout_id``, or one Trajectory per sea
 ``experience.estimator_group``). A vision model's runner gets its processor (and each row's images); a text
 model's its tokenizer. An episode that fails (the runner records a failure, raises,
 or exceeds the timeout) or cannot be trained on is dropped whole and counted by reason; the batch goes on.
+
+With ``record_routing`` (an MoE model, ``--train.routing_replay`` or ``--train.record_routing``) the engine records
+the experts of every position it forwards, and each kept segment carries them in ``info["routing"]``
+(``molt_train.routing``).
 """
 
 from __future__ import annotations
@@ -58,6 +62,7 @@ class RolloutWorker:
         engine: str = "hf",
         partial_rollout: bool = False,
         top_logprobs: int = 0,
+        record_routing: bool = False,
         lora: Any = None,
         adapter_dir: str | None = None,
         device: str = "cpu",
@@ -68,7 +73,11 @@ class RolloutWorker:
         self.model_path = model_path
         if engine == "hf":
             self.engine: Any = HFEngine.from_pretrained(
-                model_path, device=device, max_batch_size=max_batch_size, top_logprobs=top_logprobs
+                model_path,
+                device=device,
+                max_batch_size=max_batch_size,
+                top_logprobs=top_logprobs,
+                record_routing=record_routing,
             )
             self.tokenizer = self.engine.processor  # what runners take: the tokenizer or a VLM's processor
             if lora is not None:  # the policy's adapters (B = 0, or a resumed run's): syncs send only them
@@ -106,6 +115,7 @@ class RolloutWorker:
                 runner.engine_loader = lambda path: (e := HFEngine.from_pretrained(path), e.tokenizer)
         self.max_len, self.timeout_s = max_len, timeout_s
         self.top_logprobs, self.lora, self.adapter_dir = top_logprobs, lora, adapter_dir
+        self.record_routing = record_routing
         self.rows: list[dict[str, Any]] = []
         self.sampler: MixSampler | None = None
         self.shard, self.shards = 0, 1
@@ -142,7 +152,12 @@ class RolloutWorker:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(devices)
         rank = self.lora.lora_dim if self.lora is not None else 0
         self.engine = VLLMEngine(
-            self.model_path, options, seed=seed, tokenizer=text_tokenizer(self.tokenizer), lora_rank=rank
+            self.model_path,
+            options,
+            seed=seed,
+            tokenizer=text_tokenizer(self.tokenizer),
+            lora_rank=rank,
+            record_routing=self.record_routing,
         )
         if self.adapter_dir is not None:  # a resumed LoRA run: serve its adapter from the first request
             await self.engine.load_lora_adapter(self.adapter_dir)
@@ -189,6 +204,8 @@ class RolloutWorker:
             results = await asyncio.gather(*jobs)
         if self.top_logprobs:  # what no kept trajectory claimed (failed episodes, evaluation)
             self.engine.top_table.clear()
+        if self.record_routing:  # kept segments copied theirs
+            self.engine.routing_table.clear()
         kept: list[Trajectory] = []
         kept_envs: list[str | None] = []
         dropped: dict[str, int] = {}
@@ -241,7 +258,27 @@ class RolloutWorker:
                 reason = self._attach_top_logprobs(seg)
             if reason is not None:
                 return [], reason
+            if self.record_routing and not group_id.startswith("eval:"):
+                self._attach_routing(seg)
         return segments, None
+
+    def _attach_routing(self, seg: Trajectory) -> None:
+        """``seg.info["routing"]``: (len(token_ids) - 1, layers, k) int16, each action's record written over the
+        positions its generation forwarded (a later turn's covers the earlier ones too: it wins); ``NO_RECORD`` where
+        no generation of this engine forwarded a position. No record at all: no ``routing``."""
+        from molt_train.routing import NO_RECORD
+
+        routing = None
+        for start, end in seg.action_ranges:
+            record = self.engine.routing_record(seg.token_ids[:start], seg.token_ids[start:end])
+            if record is None:
+                continue
+            if routing is None:
+                routing = torch.full((len(seg.token_ids) - 1, *record.shape[1:]), NO_RECORD, dtype=torch.int16)
+            n = min(len(record), len(routing))
+            routing[:n] = record[:n]
+        if routing is not None:
+            seg.info["routing"] = routing
 
     def _attach_top_logprobs(self, seg: Trajectory) -> str | None:
         """``seg.info["top_logprobs"]``: the engine's top-k (ids, log-probs) of each token, (len(token_ids), k) each

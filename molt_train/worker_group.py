@@ -102,6 +102,10 @@ class WorkerGroup:
         }
         for key in results[0]["weighted"]:
             out[key] = sum(r["weighted"].get(key, 0.0) for r in results) / max(tokens, 1)
+        counts = [r["routing"] for r in results if r.get("routing")]
+        recorded = sum(c[1] for c in counts)
+        if recorded:  # (token, MoE layer) decisions where the trainer's top-k set is not the rollout's
+            out["train/routing_mismatch_frac"] = sum(c[0] for c in counts) / recorded
         return out
 
     def logprobs(self, exp: Experience, pad_id: int, temperature: float) -> torch.Tensor:

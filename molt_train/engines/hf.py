@@ -14,6 +14,12 @@ model's own (M-RoPE for Qwen2-VL-family models, ``molt_train.models.multimodal``
 With ``top_logprobs=k`` (score centering) the engine also records each generated token's top-k candidates and
 their log-probs, in ``Generation.extra["top_logprobs"]`` and in ``top_table``, keyed by (prompt ids, generated ids),
 where the rollout worker finds them for the trajectories a runner assembled (``pop_top_logprobs``).
+
+With ``record_routing`` (an MoE model; ``molt_train.routing``) forward hooks on the routers record the experts of
+every position each row forwarded: its prompt's real positions in the prefill (the left padding dropped; rows
+sharing a prompt share its prefill's), then each generated token in the decode step that fed it. The record,
+``(len(prompt) + len(generated) - 1, moe_layers, k)`` int16, is kept in ``routing_table`` under the same key
+(``routing_record``).
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ class HFEngine:
         max_batch_size: int = 64,
         batch_window_s: float = 0.005,
         top_logprobs: int = 0,
+        record_routing: bool = False,
     ) -> None:
         self.model = model.eval()
         self.processor = tokenizer
@@ -65,6 +72,14 @@ class HFEngine:
             )
         self.top_logprobs = top_logprobs
         self.top_table: dict[tuple[tuple[int, ...], tuple[int, ...]], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.routing_table: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+        self._routed: list[torch.Tensor] | None = None  # recording: each router's choices in the forward just run
+        if record_routing:
+            from molt_train.routing import router_modules
+
+            self._routed = []
+            for router in router_modules(model, "--train.routing_replay / --train.record_routing"):
+                router.register_forward_hook(lambda _module, _args, out: self._routed.append(out[2]))
         self.max_batch_size = max_batch_size
         self.batch_window_s = batch_window_s
         self.eos_token_ids = _eos_ids(model, tokenizer)
@@ -199,15 +214,19 @@ class HFEngine:
         images = sum((mm for _, mm in first if mm), VisionInputs())  # in row order: the order the forward reads them
         tensors = {k: v.to(device) for k, v in images.tensors.items()}
         positions = position_ids(self.model, ids, mask, tensors)
+        if self._routed is not None:
+            self._routed.clear()  # what a failed batch's forward left
         out = self.model(
             input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1, **tensors
         )
         cache, logits = getattr(out, self._cache_arg), out.logits[:, -1, :].float()
+        prefill_routes, step_routes = self._take_routes(len(first), longest), []
         if len(first) < n:  # rows sharing a prompt share its prefill
             cache.reorder_cache(row_prompt)
             logits, mask, positions = logits[row_prompt], mask[row_prompt], select_rows(positions, row_prompt)
 
         steps = max(p.max_tokens for p in params)
+        prompt_of = rows
         rows = _RowParams(params, steps, device)
         stops = [set(p.stop_token_ids if p.stop_token_ids is not None else self.eos_token_ids) for p in params]
         tokens: list[list[int]] = [[] for _ in range(n)]
@@ -241,6 +260,7 @@ class HFEngine:
                 **{self._cache_arg: cache},
             )
             cache, logits = getattr(out, self._cache_arg), out.logits[:, -1, :].float()
+            step_routes.append(self._take_routes(n, 1))
         outputs = [Generation(t, lp, f or "length") for t, lp, f in zip(tokens, logps, finish, strict=True)]
         if self.top_logprobs:
             values = torch.stack([v for v, _ in tops], 1).cpu()  # (n, steps, k)
@@ -249,7 +269,30 @@ class HFEngine:
                 top = (ids[i, : len(out.token_ids)], values[i, : len(out.token_ids)])
                 out.extra["top_logprobs"] = top
                 self.top_table[(tuple(requests[i][0]), tuple(out.token_ids))] = top
+        if prefill_routes is not None:
+            prefill_routes = prefill_routes.cpu()
+            empty = prefill_routes.new_empty((n, 0, *prefill_routes.shape[2:]))
+            decoded = torch.cat(step_routes, 1).cpu() if step_routes else empty
+            for i, out in enumerate(outputs):
+                prompt = requests[i][0]
+                record = torch.cat([prefill_routes[prompt_of[i], longest - len(prompt) :], decoded[i]])
+                positions = len(prompt) + len(out.token_ids) - 1  # the last token predicts nothing
+                self.routing_table[(tuple(prompt), tuple(out.token_ids))] = record[:positions]
         return outputs
+
+    def _take_routes(self, rows: int, positions: int) -> torch.Tensor | None:
+        """Recording: the experts each router chose in the forward just run, (rows, positions, layers, k) int16;
+        None when not recording."""
+        if self._routed is None:
+            return None
+        routes = torch.stack(self._routed, dim=1)  # the routers see the (rows * positions) tokens flattened
+        self._routed.clear()
+        return routes.view(rows, positions, *routes.shape[1:]).to(torch.int16)
+
+    def routing_record(self, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor | None:
+        """The routing recorded when ``token_ids`` were generated after ``prompt_ids`` (``record_routing``), None if
+        this engine generated no such continuation."""
+        return self.routing_table.get((tuple(prompt_ids), tuple(token_ids)))
 
     def pop_top_logprobs(self, prompt_ids: list[int], token_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The (ids, log-probs), each (len(token_ids), k), recorded when ``token_ids`` were generated after

@@ -32,6 +32,10 @@
   ids: a mismatch is an error naming it, never silently different tokens. ``limit_mm_per_prompt`` is
   ``molt_envs.vision.MAX_IMAGES`` images (no video) for a vision checkpoint.
 
+- MoE routing (``record_routing``; ``molt_train.routing``): the engine runs with ``enable_return_routed_experts``
+  and keeps each request's experts, one record of ``len(prompt) + len(generated) - 1`` positions (``vllm_routing``),
+  in ``routing_table`` under (prompt ids, generated ids), the key the rollout worker asks ``routing_record`` with.
+
 vLLM is optional: importing this module never imports it (only starting an engine does).
 """
 
@@ -156,6 +160,29 @@ def sampled_logprobs(logprobs: Any, token_ids: Sequence[int]) -> list[float]:
     return [float(position[token].logprob) for position, token in zip(logprobs, token_ids, strict=True)]
 
 
+def vllm_routing(output: Any, prompt_len: int, generated: int) -> torch.Tensor:
+    """A finished request's experts as one record, ``(prompt_len + generated - 1, layers, k)`` int16 (the last
+    generated token is never forwarded). vLLM builds differ: the completion's ``routed_experts`` covers the whole
+    sequence, or only the generated tokens with the prompt's on the request (``prompt_routed_experts``). Positions
+    vLLM returned nothing for are ``NO_RECORD`` (they route live in the trainer)."""
+    from molt_train.routing import NO_RECORD
+
+    routed = output.outputs[0].routed_experts
+    if routed is None:
+        raise RuntimeError(
+            "vLLM returned no routed_experts although the engine runs with enable_return_routed_experts: this "
+            "build does not capture this model's MoE routing; drop --train.routing_replay / --train.record_routing"
+        )
+    rows = torch.as_tensor(routed).to(torch.int16)
+    prompt = getattr(output, "prompt_routed_experts", None)
+    if prompt is not None and rows.shape[0] <= generated:  # the generated tokens' only
+        rows = torch.cat([torch.as_tensor(prompt).to(torch.int16), rows])
+    positions = prompt_len + generated - 1
+    record = torch.full((positions, *rows.shape[1:]), NO_RECORD, dtype=torch.int16)
+    record[: min(positions, rows.shape[0])] = rows[:positions]
+    return record
+
+
 def eos_token_ids(model_path: str, tokenizer: Any) -> list[int]:
     """End-of-sequence ids: the generation config's, the model config's and the tokenizer's."""
     from transformers import AutoConfig, GenerationConfig
@@ -192,6 +219,7 @@ class VLLMEngine:
         tokenizer: Any = None,
         extra_args: dict[str, Any] | None = None,
         lora_rank: int = 0,
+        record_routing: bool = False,
     ) -> None:
         try:
             from vllm import AsyncEngineArgs
@@ -208,6 +236,10 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         n = self.options.num_engines
         kwargs = {**engine_kwargs(options, model_path, seed), **lora_kwargs(lora_rank), **(extra_args or {})}
+        self.record_routing = record_routing
+        self.routing_table: dict[tuple[tuple[int, ...], tuple[int, ...]], torch.Tensor] = {}
+        if record_routing:  # vLLM refuses it at start-up for a dense model
+            kwargs["enable_return_routed_experts"] = True
         self.reads_images = getattr(AutoConfig.from_pretrained(model_path), "vision_config", None) is not None
         if self.reads_images:
             kwargs["limit_mm_per_prompt"] = {"image": MAX_IMAGES, "video": 0}
@@ -282,6 +314,13 @@ class VLLMEngine:
                 f"after {len(completion.token_ids)} tokens"
             )
         token_ids = list(completion.token_ids)
+        if self.record_routing:
+            if len(seen) != len(prompt_ids):
+                raise RuntimeError(
+                    f"vLLM's prompt has {len(seen)} tokens where the trajectory has {len(prompt_ids)}: its routing "
+                    "cannot be aligned with the trajectory's positions"
+                )
+            self.routing_table[(tuple(prompt_ids), tuple(token_ids))] = vllm_routing(final, len(seen), len(token_ids))
         self.stats["requests"] += 1
         self.stats["generated_tokens"] += len(token_ids)
         return Generation(
@@ -290,6 +329,11 @@ class VLLMEngine:
             completion.finish_reason,
             {"weight_versions": (version, self.weight_version)},
         )
+
+    def routing_record(self, prompt_ids: list[int], token_ids: list[int]) -> torch.Tensor | None:
+        """The routing recorded when ``token_ids`` were generated after ``prompt_ids`` (``record_routing``), None if
+        this engine generated no such continuation."""
+        return self.routing_table.get((tuple(prompt_ids), tuple(token_ids)))
 
     # -- weight sync --
     async def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:

@@ -2,7 +2,7 @@
 
 ``train_tokenizer`` trains a byte-level BPE on local text in about a second and gives it a ChatML chat template that
 renders tools and ``<tool_call>`` blocks the way Qwen2.5's does. ``build_tiny_model`` makes a randomly initialised
-Qwen2-architecture causal LM sized for CPU.
+Qwen2-architecture causal LM sized for CPU, ``build_tiny_moe`` a Qwen3-MoE one (a router per layer).
 """
 
 from __future__ import annotations
@@ -110,6 +110,40 @@ def build_tiny_model(
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     return model
+
+
+def build_tiny_moe(
+    tokenizer: Any,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_experts: int = 8,
+    top_k: int = 2,
+    max_positions: int = 512,
+    seed: int = 0,
+) -> Any:
+    """A randomly initialised Qwen3-MoE causal LM: every layer's MLP is ``num_experts`` experts, ``top_k`` per
+    token, chosen by its router (``mlp.gate``)."""
+    import torch
+    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        moe_intermediate_size=hidden_size // 2,
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=hidden_size // 4,
+        num_experts=num_experts,
+        num_experts_per_tok=top_k,
+        max_position_embeddings=max_positions,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(seed)
+    return Qwen3MoeForCausalLM(config)
 
 
 def save_tiny(model: Any, tokenizer: Any, out_dir: str | Path) -> Path:

@@ -2,7 +2,8 @@
 without CUDA or vLLM): the CLI in its own process, a random tiny Qwen2 model with a tokenizer trained on the gsm8k
 split, Ray, FSDP2 on NCCL, vLLM in the rollout actor, CUDA-IPC weight sync. Three steps in sync mode with the
 weight check after each and the mismatch metrics bounded; then partial rollout (IS correction) across syncs. With
-two GPUs: the disaggregated placement (vLLM on a GPU of its own, NCCL broadcast sync), checked and async."""
+two GPUs: the disaggregated placement (vLLM on a GPU of its own, NCCL broadcast sync), checked and async. MoE
+routing replay on a tiny Qwen3-MoE (``--train.routing_replay``)."""
 
 from __future__ import annotations
 
@@ -212,3 +213,29 @@ def test_lora_run_serves_the_trained_adapter_after_every_step(model_dir, tmp_pat
     for r in records[1:]:  # sampled with the previous step's adapter: the trainer's policy, up to bf16
         assert r["mismatch/k3_kl"] < 1e-2, r
     assert sorted(p.name for p in (tmp_path / "lora_sync").iterdir()) == ["v2", "v3"]  # older ones removed
+
+
+def test_routing_replay_takes_vllms_experts_into_the_training_forward(tmp_path):
+    """A tiny random Qwen3-MoE (4 layers, 16 experts, top-4): vLLM records its experts (``enable_return_routed_experts``)
+    and the trainer counts how often its bf16 routers choose otherwise, without (``--train.record_routing``) and with
+    replay (``--train.routing_replay``). Step 1 samples the same batch on the same weights in both runs, so the
+    mismatch counted before the replay is alike, and replaying vLLM's experts brings the trainer's log-probs closer
+    to vLLM's."""
+    from molt_train.models.tiny import build_tiny_moe, save_tiny, train_tokenizer
+
+    rows = [json.loads(line) for line in GSM8K.read_text().splitlines()[:2000]]
+    tok = train_tokenizer([r["question"] + " " + r["answer"] for r in rows], vocab_size=1024)
+    moe = build_tiny_moe(tok, hidden_size=256, num_layers=4, num_experts=16, top_k=4, max_positions=2048)
+    model = str(save_tiny(moe, tok, tmp_path / "moe"))
+    runs = {
+        flag: run_cli(model, tmp_path / flag, "--train.force_sync_mode", f"--train.{flag}")
+        for flag in ("record_routing", "routing_replay")
+    }
+    first = {flag: records[0] for flag, records in runs.items()}
+    for flag, records in runs.items():
+        assert [r["step"] for r in records] == [1, 2, 3]
+        assert all(0 <= r["train/routing_mismatch_frac"] < 0.5 for r in records), (flag, records)
+    assert first["routing_replay"]["train/routing_mismatch_frac"] == pytest.approx(
+        first["record_routing"]["train/routing_mismatch_frac"], abs=0.02
+    )
+    assert first["routing_replay"]["mismatch/abs_diff_mean"] < first["record_routing"]["mismatch/abs_diff_mean"]

@@ -550,27 +550,14 @@ def test_tensor_parallel_and_optimizer_offload_give_the_same_update(sft_run):
 def test_freeze_moe_router_keeps_a_real_moe_routers_weights(sft_run, tmp_path):
     """--actor.freeze_moe_router on a tiny random Qwen3-MoE: after an RL step the router (gate) weights are the
     checkpoint's, the experts moved."""
-    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import AutoTokenizer
 
+    from molt_train.models.tiny import build_tiny_moe, save_tiny
     from molt_train.worker_group import WorkerGroup
 
     tokenizer = AutoTokenizer.from_pretrained(sft_run / "hf")
-    config = Qwen3MoeConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        moe_intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-        num_experts=4,
-        num_experts_per_tok=2,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    Qwen3MoeForCausalLM(config).save_pretrained(tmp_path / "moe")
-    tokenizer.save_pretrained(tmp_path / "moe")
+    moe = build_tiny_moe(tokenizer, num_experts=4, max_positions=128)
+    save_tiny(moe, tokenizer, tmp_path / "moe")
     flags_ = ["--env", "molt/arith-v1", "--actor.model_name_or_path", str(tmp_path / "moe"), "--ckpt.output_dir", "x"]
     cfg = parse("rl", [*flags_, "--actor.adam.lr", "0.1", "--actor.freeze_moe_router"])
     group = WorkerGroup(cfg.actor, cfg.train, str(tmp_path / "moe"))
@@ -581,7 +568,7 @@ def test_freeze_moe_router_keeps_a_real_moe_routers_weights(sft_run, tmp_path):
     finally:
         group.shutdown()
     routers = [k for k in before if k.endswith("mlp.gate.weight")]
-    assert len(routers) == config.num_hidden_layers
+    assert len(routers) == moe.config.num_hidden_layers
     for key in routers:
         torch.testing.assert_close(after[key], before[key], rtol=0, atol=0, msg=key)
     experts = [k for k in before if ".experts." in k]
