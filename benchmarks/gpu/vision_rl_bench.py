@@ -66,7 +66,13 @@ def run(args: argparse.Namespace, mode: str, rows: Path, out: Path) -> list[dict
     shutil.rmtree(out, ignore_errors=True)  # a fresh run: no earlier metrics or checkpoints
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     start = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=args.timeout)
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO, timeout=args.timeout)
+    except subprocess.TimeoutExpired as late:  # its output says where the time went
+        raise SystemExit(
+            f"{mode} run passed its {args.timeout}s timeout:\n{str(late.stdout or '')[-3000:]}\n"
+            f"{str(late.stderr or '')[-6000:]}"
+        ) from None
     if done.returncode != 0:
         raise SystemExit(
             f"{mode} run failed ({time.time() - start:.0f}s):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
