@@ -7,7 +7,8 @@ micro-batches carry their rows' image tensors (``mm``), which the forward consum
 the worker's micro-batches with ``rl_loss`` (or, without an ``AlgoConfig``, the SFT loss). The loss denominators are
 those of the whole optimizer window (all micro-batches on all data-parallel ranks), and the loss is scaled by the
 data-parallel size because FSDP averages gradients over those ranks. ``--fsdp.*`` (``molt_train.parallel``) adds
-tensor parallelism inside each layer and optimizer offload to the CPU.
+tensor parallelism inside each layer, expert parallelism (an MoE model's experts split over the ranks, outside
+FSDP2, their gradients reduced by ``parallel.reduce_expert_grads``) and optimizer offload to the CPU.
 
 An MoE policy with ``routing`` (``--train.record_routing``: "record", ``--train.routing_replay``: "replay") gets a
 ``GateReplay`` on its routers (``molt_train.routing``): every forward of a micro-batch that carries the rollout's
@@ -179,32 +180,42 @@ class PolicyWorker:
             parallel.tensor_parallel(lm, mesh["tp"])
         self.dp_size, dp_mesh = mesh["dp"].size(), mesh["dp"]
         shard = {"mp_policy": precision, "offload_policy": parallel.offload_policy(fsdp, pin_memory=gpu)}
+        self.experts: list[torch.nn.Parameter] = []  # expert-parallel DTensors, outside FSDP2
+        self.expert_mesh = None
+        if fsdp.ep_size > 1:
+            if gpu and actor.param_dtype != "float32":
+                raise ValueError(
+                    f"--fsdp.ep_size {fsdp.ep_size} keeps the experts out of FSDP2's mixed precision: their fp32 "
+                    f"weights would meet --actor.param_dtype {actor.param_dtype} activations; use "
+                    "--actor.param_dtype float32 or --fsdp.ep_size 1"
+                )
+            self.expert_mesh = parallel.expert_mesh(self.device.type, world_size, fsdp.ep_size)
+            self.experts = parallel.expert_parallel(lm, self.expert_mesh)
+            shard["ignored_params"] = set(self.experts)
         for layer in layers_to_shard(lm):
             if compiled:  # the forward only: FSDP2's hooks around it stay eager
                 layer.forward = torch.compile(layer.forward)
             # one rank: keep the layer's compute-dtype copy from forward to backward (resharding frees nothing)
             fully_shard(layer, mesh=dp_mesh, reshard_after_forward=self.dp_size > 1, **shard)
-        # a KV cache does not combine with activation checkpointing, compiled layers, or AutoModel's tuple outputs
-        self.model = LogProbModel(
-            lm,
-            actor.logprob_chunk_size,
-            compile_chunks=compiled,
-            share_prefixes=actor.backend == "hf" and not actor.gradient_checkpoint and not compiled,
-        )
+        # a KV cache does not combine with activation checkpointing, compiled layers, or AutoModel's tuple outputs;
+        # a shared-prefix forward runs the layers once or twice as a rank's rows decide, and the experts' all-to-all
+        # needs every rank of an expert group to run them alike
+        share = actor.backend == "hf" and not actor.gradient_checkpoint and not compiled and not self.experts
+        self.model = LogProbModel(lm, actor.logprob_chunk_size, compile_chunks=compiled, share_prefixes=share)
         self.model.replay = self.replay
         fully_shard(self.model, mesh=dp_mesh, **shard)
         self.optimizer = self.scheduler = None
         self._shared: list[Any] = []  # weight buckets a colocated engine is reading by CUDA IPC
         if trainable:
             adam = actor.adam
-            # the fused multi-tensor step cannot mix the two meshes of a tensor-parallel model
+            # the fused multi-tensor step cannot mix the two meshes of a tensor- or expert-parallel model
             self.optimizer = torch.optim.AdamW(
                 [p for p in self.model.parameters() if p.requires_grad],
                 lr=adam.lr,
                 betas=adam.betas,
                 eps=adam.eps,
                 weight_decay=adam.weight_decay,
-                foreach=None if fsdp.tp_size == 1 else False,
+                foreach=None if fsdp.tp_size == 1 and fsdp.ep_size == 1 else False,
             )
             self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(actor, total_steps))
         else:
@@ -269,6 +280,8 @@ class PolicyWorker:
             tokens_seen += n
             for k, v in metrics.items():
                 totals[k] = totals.get(k, 0.0) + torch.as_tensor(v, device=self.device).detach().float() * n
+        if self.experts:
+            parallel.reduce_expert_grads(self.experts, self.expert_mesh, self.dp_size)
         grad_norm = self._clip()
         self.optimizer.step()
         lr = self.scheduler.get_last_lr()[0]

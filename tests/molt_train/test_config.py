@@ -124,7 +124,19 @@ REFUSED = [
     (["--actor.num_workers", "3", "--fsdp.tp_size", "2"], "--fsdp.tp_size 2 must divide --actor.num_workers 3"),
     (["--fsdp.offload", "params"], "--fsdp.offload 'params' is unknown"),
     (["--fsdp.cp_size", "2"], "--fsdp.cp_size 2: context parallelism is not built"),
-    (["--fsdp.ep_size", "8"], "--fsdp.ep_size 8: expert parallelism is not built"),
+    (["--actor.num_workers", "3", "--fsdp.ep_size", "2"], "--fsdp.ep_size 2 must divide --actor.num_workers 3"),
+    (
+        ["--actor.num_workers", "4", "--fsdp.ep_size", "2", "--fsdp.tp_size", "2"],
+        "expert and tensor parallelism together are not built",
+    ),
+    (
+        ["--actor.num_workers", "2", "--fsdp.ep_size", "2", "--actor.backend", "automodel"],
+        "--fsdp.ep_size 2 splits transformers' MoE experts (--actor.backend hf)",
+    ),
+    (
+        ["--actor.num_workers", "2", "--fsdp.ep_size", "2", "--model.lora_dim", "8"],
+        "PEFT adapters on split experts are not built",
+    ),
     (
         ["--actor.num_workers", "2", "--fsdp.tp_size", "2", "--model.lora_dim", "8"],
         "--model.lora_dim 8 wraps in PEFT adapter layers the split does not cover",
