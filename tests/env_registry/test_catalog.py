@@ -17,7 +17,7 @@ from env_registry.manifest import manifests_from_catalog
 from molt_envs import SamplingParams
 
 BUILT_IN = sorted(i for i in env_registry.registry if env_registry.registry[i].package == "molt-ecosystem")
-GAMES = ("molt/tictactoe-v1", "molt/tictactoe-v2", "molt/tictactoe-v3", "molt/connect-four-v1")
+GAMES = ("molt/tictactoe-v1", "molt/tictactoe-v2", "molt/tictactoe-v3", "molt/tictactoe-v4", "molt/connect-four-v1")
 CATALOG = [i for i in BUILT_IN if i.startswith(("gym/", "rg/")) or i in GAMES]
 RG = [i for i in CATALOG if i.startswith("rg/")]
 
@@ -50,7 +50,7 @@ def test_list_groups_by_namespace_and_filters_by_tag(capsys):
     out = capsys.readouterr().out
     for namespace in ("gym", "molt", "rg"):
         assert f"===== {namespace} =====" in out
-    for version in ("v1", "v2", "v3"):  # the board text changed in v2 and v3: every version stays listed
+    for version in ("v1", "v2", "v3", "v4"):  # the board text changed in v2, v3, v4: every version stays listed
         line = next(x for x in out.splitlines() if x.split()[0] == f"molt/tictactoe-{version}")
         assert line.split()[1:5] == ["game", "text", "turns", "5"] and "self-play" in line
     assert main(["list", "--tag", "game"]) == 0

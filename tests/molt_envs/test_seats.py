@@ -16,6 +16,7 @@ from molt_envs.seats import OneSeatEnv, SeatRunner
 TTT = "molt/tictactoe-v2"  # the board ends with a ``Free:`` line; molt/tictactoe-v1 is the same game without it
 TTT_V1 = "molt/tictactoe-v1"
 TTT_V3 = "molt/tictactoe-v3"  # the Free line in a shuffled order seeded by the position
+TTT_V4 = "molt/tictactoe-v4"  # ... seeded by the position and the game
 
 
 def free_squares(prompt_ids, tokenizer) -> list[int]:
@@ -62,7 +63,7 @@ async def test_self_play_gives_one_token_exact_trajectory_per_seat(tiny_tokenize
 async def test_v1_keeps_its_board_text_and_v2_adds_the_free_line(tiny_tokenizer):
     """``-v1`` shows the board exactly as before the ``Free:`` line existed; ``-v2`` is the same game (moves,
     rewards, turns) whose boards end with it. Pinning the older version works, with Gymnasium's out-of-date warning."""
-    out_of_date = "'molt/tictactoe-v1' is out of date; consider molt/tictactoe-v3"
+    out_of_date = "'molt/tictactoe-v1' is out of date; consider molt/tictactoe-v4"
     with pytest.warns(env_registry.DeprecatedEnvWarning, match=out_of_date):
         v1_runner = env_registry.runner_for(TTT_V1)
     games = {}
@@ -192,7 +193,33 @@ async def test_v3_lists_the_free_squares_shuffled_and_its_sft_replies_copy_the_l
     ]
 
 
-@pytest.mark.parametrize("env_id", [TTT, TTT_V3, "molt/connect-four-v1"])
+async def test_v4_shuffles_the_free_line_by_the_game_too_and_its_sft_replies_copy_the_last(tiny_tokenizer):
+    """``-v4`` is ``-v3``'s game (boards, moves, rewards) whose ``Free:`` order is seeded by the game's seed as well
+    as the position: the same position is listed in other orders in other games, one game always the same way;
+    its ``sft`` rows reply with the last square their prompt lists."""
+    engine = ScriptedEngine(tiny_tokenizer, lambda n, ids: first_free(n, ids, tiny_tokenizer))
+    texts = {}
+    for env_id, seed in ((TTT_V3, 3), (TTT_V4, 3), (TTT_V4, 4), (TTT_V4, 3)):
+        x, o = await run(env_registry.runner_for(env_id), {"seed": seed}, engine, tiny_tokenizer)
+        assert (x.reward, x.num_turns, o.reward, o.num_turns) == (1.0, 4, -1.0, 3)  # first_free plays one game
+        texts.setdefault((env_id, seed), []).append(tiny_tokenizer.decode(x.token_ids))
+    free = {k: [re.findall(r"\nFree: ([ 0-9]*)", t) for t in v] for k, v in texts.items()}
+    v3, (v4, v4_again), (other,) = free[(TTT_V3, 3)][0], free[(TTT_V4, 3)], free[(TTT_V4, 4)]
+    assert v4 == v4_again and v4 != v3 and v4 != other  # seeded: the same game lists the same way, others not
+    assert [sorted(f.split()) for f in v4] == [sorted(f.split()) for f in v3] == [sorted(f.split()) for f in other]
+    strip = r"\nFree:[ 0-9]*"
+    assert re.sub(strip, "", texts[(TTT_V4, 3)][0]) == re.sub(strip, "", texts[(TTT_V3, 3)][0])
+    empty = {f[0] for f in (v3, v4, other)}  # the empty board: one order in -v3, a game's own in -v4
+    assert len(empty) == 3
+    rows = env_registry.load_split(env_registry.spec(TTT_V4), "sft", 400)
+    assert all(r["reference"] == r["prompt"][-1]["content"].rsplit(" ", 1)[1] for r in rows)
+    replies = [int(r["reference"]) for r in rows]
+    assert all(replies.count(square) > len(rows) / 9 / 2 for square in range(9))
+    first = [r["prompt"][1]["content"] for r in rows if len(r["prompt"]) == 2 and "X" not in r["prompt"][1]["content"]]
+    assert len(set(first)) > 5  # the empty board's Free line differs from game to game
+
+
+@pytest.mark.parametrize("env_id", [TTT, TTT_V3, TTT_V4, "molt/connect-four-v1"])
 async def test_one_seat_view_plays_against_the_default_random_opponent(env_id):
     rows = env_registry.load_split(env_registry.spec(env_id), "test", 2)
     for row in rows:  # the test split plays against a random player, the model taking each seat in turn
