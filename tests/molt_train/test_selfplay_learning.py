@@ -112,21 +112,11 @@ def two_square_sft_rows(path: Path) -> Path:
     return path
 
 
-def vs_random_rows(path: Path, n: int = 2000) -> Path:
-    """Training games against a uniformly random player, the model's seat alternating (seeds 3,000,000 on:
-    disjoint from the train, test and sft seeds)."""
-    with path.open("w") as f:
-        for i in range(n):
-            label = {"seed": 3_000_000 + i, "mode": "vs", "opponent": "random", "model_seat": i % 2}
-            f.write(json.dumps({"input": "game against a random player", "label": label}) + "\n")
-    return path
-
-
 @pytest.fixture(scope="module")
 def two_square_start(ray_local, tmp_path_factory) -> Path:
     """SFT copying the last listed square (200 steps), then the last-or-second-to-last square (300 steps), on
-    ``-v3``'s ``sft`` rows: the start of both learning tests (``-v4``'s prompts differ only in the listed order,
-    and the model copies from the list whatever its order)."""
+    ``-v3``'s ``sft`` rows (``-v4``'s prompts differ only in the listed order, and the model copies from the list
+    whatever its order)."""
     from molt_train import sft_cli
 
     tmp_path = tmp_path_factory.mktemp("two_square_start")
@@ -151,33 +141,14 @@ def grpo_args(env: str, start: Path, out: Path, steps: int) -> list[str]:
     return [*args, "--algo.advantage.estimator", "grpo", "--train.force_sync_mode", "--eval.max_samples", "0"]
 
 
-def test_rl_against_a_random_player_raises_the_win_or_draw_rate(two_square_start, tmp_path):
-    """The two-square start (``two_square_start``), then GRPO against a random player at temperature 1 (100
-    steps); the greedy eval on the test split's 100 games. Measured (molt_envs/README.md): win or draw 0.60 ->
-    0.71, mean reward 0.06 -> 0.27 (a 50-step run gave +0.05 once, hence 100); 299 s on 2 cores with another job
-    running, the SFT stages included."""
-    from molt_train import rl_cli
-
-    before = vs_random(two_square_start)
-    rl = tmp_path / "rl"
-    args = grpo_args(ENV, two_square_start, rl, 100)
-    args += ["--data.prompt_dataset", str(vs_random_rows(tmp_path / "vs_random.jsonl"))]
-    assert rl_cli.main(args) == 0
-    after = vs_random(rl / "hf")
-    print(f"vs random before RL {before}, after {after}")
-    assert after["win_or_draw"] >= before["win_or_draw"] + 0.06, (before, after)  # measured +0.11
-    assert after["mean_reward"] >= before["mean_reward"] + 0.15, (before, after)  # measured +0.21
-    assert after["illegal"] <= before["illegal"], (before, after)
-
-
-@pytest.mark.timeout(900)  # with the start's SFT stages when run alone (the v3 test above shares them)
+@pytest.mark.timeout(900)  # with the start's SFT stages
 def test_self_play_on_v4_raises_the_win_or_draw_rate(two_square_start, tmp_path):
     """``molt/tictactoe-v4`` (the ``Free:`` order seeded by the game too): GRPO self-play (the ``train`` split,
     both seats the model) at temperature 1 from the two-square start, 100 steps; scored before and after on
     ``-v4``'s test split (the same 100 seeded games against a random player). Measured (molt_envs/README.md,
     three RL seeds from one start): win or draw 0.46 -> 0.61-0.66, mean reward -0.14 -> 0.11-0.20, illegal
-    0.10 -> 0.01-0.04 (on 500 games: 0.53 -> 0.64; this body on the train split: 0.46 -> 0.64, 817 s at load 13-24);
-    self-play on ``-v3`` from the same start collapses instead."""
+    0.10 -> 0.01-0.04 (on 500 games: 0.53 -> 0.64); this body: 0.46 -> 0.64. 50 steps are not enough here (0.46 ->
+    0.50, mean reward -0.14 -> -0.04, 2026-12-03). Self-play on ``-v3`` from the same start collapses instead."""
     from molt_train import rl_cli
 
     before = vs_random(two_square_start, V4)
