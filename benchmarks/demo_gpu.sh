@@ -10,5 +10,5 @@ out=${1:-runs/demo-gpu}
 mkdir -p "$(dirname "$out")"
 $PY -m molt_train.cli demo --gpu --seed 42 --output_dir "$out" --no-progress 2>&1 | tee "$out.log"
 cp "$out/report.png" docs/demo-gpu.png
-sed -n '/^rg\//,$p' "$out.log" > docs/demo-gpu.txt
+sed -n '/, seed [0-9]*: SFT saw/,$p' "$out.log" > docs/demo-gpu.txt
 cat docs/demo-gpu.txt

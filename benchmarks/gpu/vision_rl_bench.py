@@ -3,7 +3,7 @@ through ``molt-train rl`` (vLLM rollout, FSDP2 training, CUDA-IPC weight sync ch
 row's image and once text-only.
 
     python3 benchmarks/gpu/vision_rl_bench.py --model /tmp/models/vl3b [--shape vl-3b] [--image-size 448]
-        [--steps 4] [--prompts 32] [--samples 8] [--new-tokens 256] [--modes vision text]
+        [--steps 4] [--prompts 32] [--samples 8] [--new-tokens 256] [--modes vision text] [--eager]
 
 The rows go to ``--data.prompt_dataset`` as JSONL (the image a base64 PNG, resized to ``--image-size`` square:
 448 px = 256 image tokens per prompt for Qwen2.5-VL) and the vision run adds ``--data.image_key image``; the text run
@@ -52,7 +52,7 @@ def run(args: argparse.Namespace, mode: str, rows: Path, out: Path) -> list[dict
     cmd = [
         sys.executable, "-m", "molt_train.cli", "rl", "--env", "molt/shapes-v1", "--data.prompt_dataset", str(rows),
         "--data.input_key", "question", "--data.label_key", "answer", "--actor.model_name_or_path", args.model,
-        "--rollout.engine", "vllm", "--train.colocate_all", "--vllm.gpu_memory_utilization", "0.35", "--vllm.enable_sleep",
+        "--rollout.engine", "vllm", "--train.colocate_all", "--vllm.gpu_memory_utilization", "0.25", "--vllm.enable_sleep",
         "--train.force_sync_mode", "--train.check_weight_update_equal", "--algo.advantage.estimator", "grpo",
         "--rollout.batch_size", str(args.prompts), "--rollout.n_samples_per_prompt", str(args.samples),
         "--rollout.max_new_tokens", str(args.new_tokens), "--rollout.top_k", "-1", "--data.max_len", "2048",
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace, mode: str, rows: Path, out: Path) -> list[dict
     ]  # fmt: skip
     if mode == "vision":
         cmd += ["--data.image_key", "image"]
+    if args.eager:
+        cmd += ["--vllm.enforce_eager"]
     shutil.rmtree(out, ignore_errors=True)  # a fresh run: no earlier metrics or checkpoints
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
     start = time.time()
@@ -111,6 +113,11 @@ def main() -> None:
     parser.add_argument("--modes", nargs="+", default=["vision", "text"], choices=["vision", "text"])
     parser.add_argument("--work", default="/tmp/vision_bench")
     parser.add_argument("--timeout", type=int, default=540)
+    parser.add_argument(
+        "--eager",
+        action="store_true",
+        help="vLLM without CUDA graphs or torch.compile (a faster start, slower decoding)",
+    )
     args = parser.parse_args()
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)

@@ -74,9 +74,10 @@ class WeightSyncExtension:
         return sorted(n for n, _ in self.model_runner.model.named_parameters() if n not in loaded)
 
     def molt_begin_check(self) -> int:
-        """Snapshot every parameter and fill it with NaN; returns the number of parameters."""
+        """Snapshot every parameter (in host memory: a colocated trainer leaves no room for a second copy on the GPU)
+        and fill it with NaN; returns the number of parameters."""
         params = dict(self.model_runner.model.named_parameters())
-        self._molt_snapshot = {n: p.detach().clone() for n, p in params.items()}
+        self._molt_snapshot = {n: p.detach().to("cpu", copy=True) for n, p in params.items()}
         with torch.no_grad():
             for p in params.values():
                 p.fill_(float("nan"))
@@ -91,7 +92,7 @@ class WeightSyncExtension:
         stale, uncovered = [], []
         with torch.no_grad():
             for name, param in self.model_runner.model.named_parameters():
-                old = snapshot[name]
+                old = snapshot[name].to(param.device)  # one parameter at a time back on the GPU
                 if torch.isnan(param).any() and not torch.isnan(old).any():
                     uncovered.append(name)
                     param.copy_(old)
