@@ -19,6 +19,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from molt_train import context_parallel
 from molt_train.models.multimodal import position_ids
 from molt_train.routing import NO_RECORD, GateReplay, input_axis
 
@@ -55,6 +56,9 @@ class LogProbModel(nn.Module):
         # compiled, a chunk's upcast, log-sum-exp and gather fuse: its fp32 logits are never written out
         self._chunk_logp = torch.compile(_chunk_logp, dynamic=True) if compile_chunks else _chunk_logp
         self.replay: GateReplay | None = None
+        self.cp_group: object | None = (
+            None  # --fsdp.cp_size > 1: the context-parallel group (molt_train.context_parallel)
+        )
         # transformers 5.x names the KV cache argument `cache`; 4.x called it `past_key_values`
         self._cache_arg = "cache" if "cache" in inspect.signature(lm.model.forward).parameters else "past_key_values"
 
@@ -102,6 +106,16 @@ class LogProbModel(nn.Module):
                     routing,
                 )
         mm = mm or {}
+        if self.cp_group is not None:
+            if mm or candidates is not None or routing is not None:
+                raise ValueError(
+                    "--fsdp.cp_size > 1 runs text rows only: image tensors, score-centering candidates and routing "
+                    "replay are not split by sequence here; use --fsdp.cp_size 1"
+                )
+            positions = position_ids(self.lm, input_ids, attention_mask, mm)
+            return context_parallel.logprobs(
+                self.lm.model, self._logp, input_ids, attention_mask, positions, temperature, self.cp_group
+            ).clone()
         hidden = self.lm.model(
             input_ids=input_ids,
             attention_mask=attention_mask,  # [0]: a ModelOutput or a

@@ -1,12 +1,14 @@
 """How the trainer's ranks split one model: ``--fsdp.*`` (tensor parallel, expert parallel and optimizer offload over
-FSDP2; ``--fsdp.cp_size`` is a flag that refuses anything but 1: context parallelism is not built).
+FSDP2; ``--fsdp.cp_size`` splits every sequence, ``molt_train/context_parallel.py``).
 
-The ranks of a ``WorkerGroup`` form a 2-D device mesh ``(dp, tp)``: ``--fsdp.tp_size`` ranks hold one model between
+The ranks of a ``WorkerGroup`` form a device mesh ``(dp, tp, cp)``: ``--fsdp.tp_size`` ranks hold one model between
 them (DTensor tensor parallelism inside every decoder layer: the attention's q/k/v and the MLP's gate/up projections
 split by output column, o/down by input row, so each layer costs two all-reduces), and FSDP2 shards across the
 ``dp = num_workers / tp_size`` groups. Rank ``r`` is data-parallel rank ``r // tp_size``: the ranks of one TP group
 read the same micro-batches. Embeddings, norms and the LM head stay whole on every TP rank (their gradients are
-summed by FSDP2 over ``dp`` only), so the log-prob head sees the full vocabulary as before.
+summed by FSDP2 over ``dp`` only), so the log-prob head sees the full vocabulary as before. The ``--fsdp.cp_size``
+ranks of a context-parallel group read the same micro-batches too, each running its chunk of every sequence, and
+FSDP2 shards over ``dp * cp`` (``molt_train/context_parallel.py`` says why the update stays the one-rank update).
 
 ``--fsdp.ep_size`` splits an MoE model's experts (``--actor.backend hf``, transformers' own expert parallelism:
 ``transformers.distributed.expert_parallel.apply_expert_parallelism`` with the model's ``base_model_ep_plan`` and the
@@ -57,7 +59,8 @@ class FSDPConfig:
     )
     cp_size: int = option(
         1,
-        "context-parallel ranks per sequence (not built: only 1 is accepted; see molt_train/README.md)",
+        "context-parallel ranks per sequence (each holds 1/cp of every row; all-to-all attention over heads, "
+        "molt_train/context_parallel.py); must divide --actor.num_workers and the head counts",
         minimum=1,
     )
     ep_size: int = option(
@@ -86,11 +89,21 @@ def check_fsdp(fsdp: FSDPConfig, num_workers: int, backend: str, lora_dim: int =
             f"(each tensor-parallel group holds one copy of the model); use e.g. --actor.num_workers {fsdp.tp_size}"
         )
     if fsdp.cp_size > 1:
-        raise ConfigError(
-            f"--fsdp.cp_size {fsdp.cp_size}: context parallelism is not built in this trainer (torch's "
-            "context_parallel shards only CUDA SDPA kernels, and NeMo AutoModel's ContextParallelSharder is not wired "
-            f"in for --actor.backend {backend}); use --fsdp.cp_size 1 and a --data.max_len that fits one rank"
-        )
+        if num_workers % fsdp.cp_size:
+            raise ConfigError(
+                f"--fsdp.cp_size {fsdp.cp_size} must divide --actor.num_workers {num_workers} (each context-parallel "
+                f"group splits its sequences over cp ranks); use e.g. --actor.num_workers {fsdp.cp_size}"
+            )
+        if backend != "hf":
+            raise ConfigError(
+                f"--fsdp.cp_size {fsdp.cp_size} splits transformers' attention (--actor.backend hf); --actor.backend "
+                f"{backend} is not split by sequence here: use --fsdp.cp_size 1"
+            )
+        if fsdp.tp_size > 1 or fsdp.ep_size > 1:
+            raise ConfigError(
+                f"--fsdp.cp_size {fsdp.cp_size} with --fsdp.tp_size {fsdp.tp_size} / --fsdp.ep_size {fsdp.ep_size}: "
+                "context parallelism composes with FSDP2 only here; use one of them"
+            )
     if fsdp.ep_size > 1:
         if num_workers % fsdp.ep_size:
             raise ConfigError(
@@ -125,11 +138,11 @@ def check_fsdp(fsdp: FSDPConfig, num_workers: int, backend: str, lora_dim: int =
 
 
 def device_mesh(device_type: str, world_size: int, fsdp: FSDPConfig) -> Any:
-    """The ``(dp, tp)`` mesh of ``world_size`` ranks."""
+    """The ``(dp, tp, cp)`` mesh of ``world_size`` ranks (``dp``: the groups reading different micro-batches)."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    tp = fsdp.tp_size
-    return init_device_mesh(device_type, (world_size // tp, tp), mesh_dim_names=("dp", "tp"))
+    tp, cp = fsdp.tp_size, fsdp.cp_size
+    return init_device_mesh(device_type, (world_size // (tp * cp), tp, cp), mesh_dim_names=("dp", "tp", "cp"))
 
 
 def tensor_parallel(model: Any, tp_mesh: Any) -> None:

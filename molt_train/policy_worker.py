@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from molt_train import context_parallel, parallel
 from molt_train import lora as lora_adapters
-from molt_train import parallel
 from molt_train.actor_backend import load_policy_model
 from molt_train.algorithms import (
     aggregate,
@@ -178,7 +178,11 @@ class PolicyWorker:
         mesh = parallel.device_mesh(self.device.type, world_size, fsdp)
         if fsdp.tp_size > 1:
             parallel.tensor_parallel(lm, mesh["tp"])
-        self.dp_size, dp_mesh = mesh["dp"].size(), mesh["dp"]
+        if fsdp.cp_size > 1:
+            context_parallel.enable(lm, fsdp.cp_size)
+        # the loss is scaled by the data-parallel groups; FSDP2 shards (and averages) over their cp ranks too
+        self.dp_size = mesh["dp"].size()
+        dp_mesh = mesh["dp", "cp"]._flatten("dp_cp") if fsdp.cp_size > 1 else mesh["dp"]
         shard = {"mp_policy": precision, "offload_policy": parallel.offload_policy(fsdp, pin_memory=gpu)}
         self.experts: list[torch.nn.Parameter] = []  # expert-parallel DTensors, outside FSDP2
         self.expert_mesh = None
@@ -196,13 +200,15 @@ class PolicyWorker:
             if compiled:  # the forward only: FSDP2's hooks around it stay eager
                 layer.forward = torch.compile(layer.forward)
             # one rank: keep the layer's compute-dtype copy from forward to backward (resharding frees nothing)
-            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=self.dp_size > 1, **shard)
+            fully_shard(layer, mesh=dp_mesh, reshard_after_forward=dp_mesh.size() > 1, **shard)
         # a KV cache does not combine with activation checkpointing, compiled layers, or AutoModel's tuple outputs;
         # a shared-prefix forward runs the layers once or twice as a rank's rows decide, and the experts' all-to-all
         # needs every rank of an expert group to run them alike
         share = actor.backend == "hf" and not actor.gradient_checkpoint and not compiled and not self.experts
+        share = share and fsdp.cp_size == 1
         self.model = LogProbModel(lm, actor.logprob_chunk_size, compile_chunks=compiled, share_prefixes=share)
         self.model.replay = self.replay
+        self.model.cp_group = mesh["cp"].get_group() if fsdp.cp_size > 1 else None
         fully_shard(self.model, mesh=dp_mesh, **shard)
         self.optimizer = self.scheduler = None
         self._shared: list[Any] = []  # weight buckets a colocated engine is reading by CUDA IPC

@@ -56,7 +56,8 @@ class WorkerGroup:
         import ray
 
         self.name, self.actor, self.train = name, actor, train
-        self.tp = fsdp.tp_size if fsdp is not None else 1
+        # ranks that read the same micro-batches: a tensor- or context-parallel group
+        self.peers = fsdp.tp_size * fsdp.cp_size if fsdp is not None else 1
         if fsdp is not None:
             options["fsdp"] = fsdp
         ranks = actor.num_workers
@@ -91,7 +92,7 @@ class WorkerGroup:
         plan, per_rank = self._spread(exp, pad_id)
         window = loss_window(exp, "token-mean" if algo is None else self.actor.loss_agg_mode)
         results = self.call("train_step", per_rank, window=window, algo=algo, temperature=temperature)
-        results = results[:: self.tp]  # one report per data-parallel group (its TP ranks computed the same)
+        results = results[:: self.peers]  # one report per data-parallel group (its TP/CP ranks computed the same)
         tokens = sum(r["tokens"] for r in results)
         out = {
             "loss": sum(r["loss"] for r in results),
@@ -116,7 +117,7 @@ class WorkerGroup:
         """A forward-only per-position ``method`` of the ranks (``logprobs``, the critic's ``values``) over every
         row of ``exp``, (N, L-1); one answer per data-parallel group is read (its TP ranks computed the same)."""
         plan, per_rank = self._spread(exp, pad_id)
-        outputs = self.call(method, per_rank, **same)[:: self.tp]
+        outputs = self.call(method, per_rank, **same)[:: self.peers]
         result = torch.zeros(exp.action_mask.shape)
         for micros, outs in zip(plan, outputs, strict=True):
             for rows, out in zip(micros, outs, strict=True):
@@ -126,8 +127,8 @@ class WorkerGroup:
 
     def _spread(self, exp: Experience, pad_id: int) -> tuple[list[list[list[int]]], list[list[dict[str, Any]]]]:
         """``spread`` over the data-parallel groups; rank r reads group ``r // tp``'s micro-batches."""
-        plan, per_group = spread(exp, pad_id, len(self.workers) // self.tp, self.train)
-        return plan, [per_group[rank // self.tp] for rank in range(len(self.workers))]
+        plan, per_group = spread(exp, pad_id, len(self.workers) // self.peers, self.train)
+        return plan, [per_group[rank // self.peers] for rank in range(len(self.workers))]
 
     def call(self, method: str, *per_rank: list[Any], **same: Any) -> list[Any]:
         """Call ``method`` on every rank (rank i gets ``per_rank[j][i]`` as positional j) and wait for all."""

@@ -123,7 +123,12 @@ REFUSED = [
     ),
     (["--actor.num_workers", "3", "--fsdp.tp_size", "2"], "--fsdp.tp_size 2 must divide --actor.num_workers 3"),
     (["--fsdp.offload", "params"], "--fsdp.offload 'params' is unknown"),
-    (["--fsdp.cp_size", "2"], "--fsdp.cp_size 2: context parallelism is not built"),
+    (["--actor.num_workers", "3", "--fsdp.cp_size", "2"], "--fsdp.cp_size 2 must divide --actor.num_workers 3"),
+    (
+        ["--actor.num_workers", "4", "--fsdp.cp_size", "2", "--fsdp.tp_size", "2"],
+        "context parallelism composes with FSDP2 only here",
+    ),
+    (["--actor.num_workers", "2", "--fsdp.cp_size", "2", "--actor.backend", "automodel"], "is not split by sequence"),
     (["--actor.num_workers", "3", "--fsdp.ep_size", "2"], "--fsdp.ep_size 2 must divide --actor.num_workers 3"),
     (
         ["--actor.num_workers", "4", "--fsdp.ep_size", "2", "--fsdp.tp_size", "2"],

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -300,8 +301,16 @@ def killed_run(cluster, model_dir, molt_cache, tmp_path_factory):
     )
     metrics = out / "metrics.jsonl"
     try:
+        # the actors while all are alive (the state API may lose a dead node's records), queried from step 1 on so
+        # that the kill still comes right after step KILL_AFTER_STEP
+        while driver.poll() is None and len(lines(metrics)) < 1:
+            time.sleep(0.5)
+        before: dict = {}
+        query = threading.Thread(target=lambda: before.update(cluster.state()))
+        query.start()
         while driver.poll() is None and len(lines(metrics)) < KILL_AFTER_STEP:
             time.sleep(0.5)
+        query.join()
         killed = cluster.kill("b")
         rc = driver.wait(timeout=300)
     finally:
@@ -310,7 +319,7 @@ def killed_run(cluster, model_dir, molt_cache, tmp_path_factory):
         log.close()
     assert rc == 0, (out / "driver.log").read_text()[-4000:]
     # the state API keeps the dead: every actor with the node it ran on, node B's among them
-    return {"out": out, "state": cluster.state(), "killed": killed, "metrics": lines(metrics)}
+    return {"out": out, "before": before, "state": cluster.state(), "killed": killed, "metrics": lines(metrics)}
 
 
 def lines(path: Path) -> list[dict]:
@@ -339,8 +348,10 @@ def test_rollout_workers_env_servers_and_sandbox_actors_ran_on_both_nodes(killed
     # each rollout worker's env server, on its node (the message: every record, to tell a misplaced actor from one
     # the state API lost)
     assert set(servers) == {HEAD_IP, NODE_B_IP}, (servers, state["nodes"], actors(state, "EnvServerActor"))
-    sandboxes = placement(state, "_SandboxActor")
-    assert {HEAD_IP, NODE_B_IP} <= set(sandboxes), sandboxes  # the sandbox ray provider spreads too
+    # the sandbox ray provider spreads too: seen before the kill (afterwards all five have once shown on the head,
+    # node B's records lost)
+    sandboxes = placement(killed_run["before"], "_SandboxActor")
+    assert {HEAD_IP, NODE_B_IP} <= set(sandboxes), (sandboxes, actors(killed_run["before"], "_SandboxActor"))
     assert set(placement(state, "PolicyWorker")) == {HEAD_IP}  # the CPU trainer rank stays by the driver
 
 

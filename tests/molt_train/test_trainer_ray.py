@@ -513,10 +513,11 @@ def test_the_placement_group_is_reserved_and_scheduled_into(ray_local):
     assert reserve(dataclasses.replace(plan, bundles=())) is None and in_bundle(None, 0) == {}
 
 
-def test_tensor_parallel_and_optimizer_offload_give_the_same_update(sft_run):
-    """--fsdp.tp_size 2 (DTensor TP on gloo, two ranks holding one model) and --fsdp.offload optimizer (FSDP2's
-    CPUOffloadPolicy) each take the same optimizer step as one plain rank, gradient clipping included (one plain
-    run is the reference of both)."""
+def test_tensor_parallel_context_parallel_and_optimizer_offload_give_the_same_update(sft_run):
+    """--fsdp.tp_size 2 (DTensor TP on gloo, two ranks holding one model), --fsdp.cp_size 2 (two ranks each running
+    half of every row, all-to-all attention on gloo) and --fsdp.offload optimizer (FSDP2's CPUOffloadPolicy) each give
+    the log-probs and take the optimizer step of one plain rank, gradient clipping included (one plain run is the
+    reference of all)."""
     from molt_train.worker_group import WorkerGroup
 
     common = ["--env", "molt/arith-v1", "--actor.model_name_or_path", str(sft_run / "hf"), "--ckpt.output_dir", "x"]
@@ -524,23 +525,28 @@ def test_tensor_parallel_and_optimizer_offload_give_the_same_update(sft_run):
     runs = {
         "plain": parse("rl", common),
         "tensor-parallel-2": parse("rl", [*common, "--actor.num_workers", "2", "--fsdp.tp_size", "2"]),
+        "context-parallel-2": parse("rl", [*common, "--actor.num_workers", "2", "--fsdp.cp_size", "2"]),
         "optimizer-offload": parse("rl", [*common, "--fsdp.offload", "optimizer"]),
     }
-    exp = synthetic_experience(sft_run / "hf")
-    states, metrics = {}, {}
+    exp = synthetic_experience(sft_run / "hf", rows=11)
+    assert exp.input_ids.shape[1] % 2  # odd rows: context parallelism pads them to split them in halves
+    states, metrics, logprobs = {}, {}, {}
     for name, cfg in runs.items():
         group = WorkerGroup(cfg.actor, cfg.train, str(sft_run / "hf"), fsdp=cfg.fsdp)
         try:
             before = group.call("full_state_dict")[0]
+            logprobs[name] = group.logprobs(exp, 0, 1.0)
             metrics[name] = group.train_step(exp, 0, cfg.algo, temperature=1.0)
             states[name] = group.call("full_state_dict")[0]
-            assert group.logprobs(exp, 0, 1.0).shape == exp.action_mask.shape
+            assert logprobs[name].shape == exp.action_mask.shape
         finally:
             group.shutdown()
     plain = metrics["plain"]
     assert plain["grad_norm"] > 0.5  # clipping acted, so the split norm had to be whole to match
     assert max(float((states["plain"][k] - before[k]).abs().max()) for k in before) > 1e-3
-    for name in ("tensor-parallel-2", "optimizer-offload"):
+    for name in ("tensor-parallel-2", "context-parallel-2", "optimizer-offload"):
+        real = exp.attention_mask[:, 1:].bool()  # the log-probs of real next tokens
+        torch.testing.assert_close(logprobs[name][real], logprobs["plain"][real], atol=1e-5, rtol=1e-5, msg=name)
         assert metrics[name]["grad_norm"] == pytest.approx(plain["grad_norm"], rel=1e-5), name
         assert metrics[name]["loss"] == pytest.approx(plain["loss"], abs=1e-5), name
         for key in states["plain"]:
