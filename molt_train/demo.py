@@ -53,7 +53,7 @@ class Recipe:
     env: str = "molt/sort-v1"
     demos: int = 64  # the first N rows of the train split, with their reference answers
     sft_start: int = 50  # SFT steps before RL takes over
-    sft_steps: int = 400  # the baseline: the same SFT run, trained on
+    sft_steps: int = 500  # the baseline: the same SFT run, trained on (more seconds than SFT start + RL)
     eval_every: int = 50  # SFT checkpoints evaluated every N steps
     rl_steps: int = 60
     rl_eval_every: int = 20

@@ -444,15 +444,33 @@ class PolicyWorker:
 
 
 def free_port() -> tuple[str, int]:
-    """This node's address and a free TCP port on it (for a process group's rendezvous)."""
+    """This node's address and a free TCP port on it (for a process group's rendezvous).
+
+    The port is drawn below the kernel's ephemeral range: a port the kernel hands out for ``bind(0)`` is also the
+    local port of outgoing connections (Ray opens many), so one found free there can be taken by a connection before
+    rank 0 listens on it (``EADDRINUSE``). Ray's worker ports (10002-19999) are left alone too. Drawn with the OS's randomness, not ``random``, which the ranks seed alike.
+    """
+    import secrets
     import socket
 
     import ray
 
     addr = ray.util.get_node_ip_address()
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return addr, s.getsockname()[1]
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            ephemeral_low = int(f.read().split()[0])
+    except OSError:  # not Linux: the IANA ephemeral range starts at 49152
+        ephemeral_low = 49152
+    low = 20000 if ephemeral_low > 21000 else 1024  # above Ray's own worker ports (10002-19999 by default)
+    for _ in range(100):
+        port = low + secrets.randbelow(ephemeral_low - low)
+        with socket.socket() as s:
+            try:
+                s.bind(("", port))
+            except OSError:
+                continue
+            return addr, port
+    raise RuntimeError(f"no free TCP port in {low}..{ephemeral_low - 1} on {addr} after 100 tries")
 
 
 def join_process_group(

@@ -83,14 +83,15 @@ def run(args: argparse.Namespace, mode: str, rows: Path, out: Path) -> list[dict
 
 
 def summary(records: list[dict]) -> dict[str, float]:
-    timed = records[1:] or records  # the first step compiles vLLM's graphs and warms the trainer
-    generated = [
-        b["engine/generated_tokens"] - a["engine/generated_tokens"] for a, b in zip(records, records[1:], strict=False)
-    ]
-    tok_s = [g / r["timing/rollout_s"] for g, r in zip(generated, timed, strict=True)] if generated else []
+    """The figures of the steps after the first (which compiles vLLM's graphs and warms the trainer); of the first
+    step alone when it is the only one."""
+    timed = records[1:] or records
+    counts = [0.0] + [r["engine/generated_tokens"] for r in records]  # the engine's running total
+    generated = [b - a for a, b in zip(counts, counts[1:], strict=False)][len(records) - len(timed) :]
+    tok_s = [g / r["timing/rollout_s"] for g, r in zip(generated, timed, strict=True)]
     median = statistics.median
     return {
-        "rollout_tok_s": median(tok_s) if tok_s else float("nan"),
+        "rollout_tok_s": median(tok_s),
         "rollout_s": median(r["timing/rollout_s"] for r in timed),
         "step_s": median(r["timing/step"] for r in timed),
         "sync_s": median(r["timing/weight_sync_wait_engine_s"] + r["timing/weight_sync_move_s"] for r in timed),
