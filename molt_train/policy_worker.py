@@ -448,7 +448,8 @@ def free_port() -> tuple[str, int]:
 
     The port is drawn below the kernel's ephemeral range: a port the kernel hands out for ``bind(0)`` is also the
     local port of outgoing connections (Ray opens many), so one found free there can be taken by a connection before
-    rank 0 listens on it (``EADDRINUSE``). Ray's worker ports (10002-19999) are left alone too. Drawn with the OS's randomness, not ``random``, which the ranks seed alike.
+    rank 0 listens on it (``EADDRINUSE``). Ray's worker ports (10002-19999) are left alone too. Drawn with the OS's
+    randomness, not ``random``, which the ranks seed alike.
     """
     import secrets
     import socket

@@ -96,3 +96,25 @@ def test_several_rollout_workers_need_the_hf_engine(capsys):
     with pytest.raises(SystemExit):
         parse("rl", BASE + VLLM + ["--rollout.num_workers", "2", "--train.colocate_all"])
     assert "--rollout.num_workers 2 needs --rollout.engine hf" in capsys.readouterr().err
+
+
+def test_rendezvous_ports_come_from_below_the_ephemeral_range_whatever_the_seed():
+    """A process group's port is drawn above Ray's worker ports and below the kernel's ephemeral range (where
+    outgoing connections take their local ports: the CI's EADDRINUSE), and not from ``random``, which ranks seed
+    alike."""
+    import random
+    import socket
+
+    from molt_train.policy_worker import free_port
+
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    ports = set()
+    for _ in range(5):
+        random.seed(0)
+        _, port = free_port()
+        assert 20000 <= port < ephemeral_low
+        with socket.socket() as s:
+            s.bind(("", port))  # free when handed out
+        ports.add(port)
+    assert len(ports) > 1
