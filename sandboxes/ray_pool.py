@@ -1,9 +1,9 @@
 """The `ray` provider: executions spread over Ray actors, each owning a local jail pool on its node,
 so throughput grows with the cluster. Calls go to the least-busy actor; when every actor's workers
 are busy, calls queue inside the actors (back-pressure). Actor i goes to the i-th alive node (round-robin, the
-caller's first; soft: anywhere when that node is gone), so the executions spread over the cluster.
-A dead actor (its node lost) is an infra_error for the calls it had, and a new actor takes its place where Ray
-finds room."""
+caller's first), so the executions spread over the cluster. An actor that died or became unreachable (its node
+lost: Ray says "unavailable" until it marks the node dead, which takes a health check's seconds) is an infra_error
+for the calls it had, and a new actor takes its place on another alive node at once, so calls stop going to it."""
 
 from __future__ import annotations
 
@@ -109,8 +109,10 @@ class RayBackend:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         def spawn(index: int, avoid: str | None = None) -> object:
+            # hard: a soft affinity may spill to another node, piling the actors up; a node that is gone by the time
+            # the actor is scheduled fails its calls (ActorUnschedulableError), and then the actor is replaced
             self.placed[index] = node = _pick_node(index, avoid)
-            strategy = NodeAffinitySchedulingStrategy(node, soft=True)
+            strategy = NodeAffinitySchedulingStrategy(node, soft=False)
             return ray.remote(_SandboxActor).options(**options, scheduling_strategy=strategy).remote(*args)
 
         self._spawn, self.placed = spawn, [""] * count
@@ -144,11 +146,17 @@ class RayBackend:
                 self._inflight[index] -= 1
 
     def _replace_if_dead(self, index: int, actor: object, exc: Exception) -> None:
-        """A new actor in place of ``actor`` when ``exc`` says it died (not when one call failed)."""
-        if isinstance(exc, self._ray.exceptions.ActorDiedError):
-            with self._lock:
-                if self.actors[index] is actor:
-                    self.actors[index] = self._spawn(index, avoid=self.placed[index])
+        """A new actor in place of ``actor`` when ``exc`` says it is gone: died, unreachable or never placed (not
+        when one call failed). An unreachable one is killed, in case it comes back, so it holds no pool."""
+        errors = self._ray.exceptions
+        if not isinstance(exc, (errors.RayActorError, errors.ActorUnschedulableError)):
+            return
+        with self._lock:
+            if self.actors[index] is not actor:  # another call has replaced it already
+                return
+            self.actors[index] = self._spawn(index, avoid=self.placed[index])
+        with contextlib.suppress(Exception):  # dead already
+            self._ray.kill(actor, no_restart=True)
 
     async def open_session(self) -> RaySession:
         index = self._pick()

@@ -22,7 +22,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -290,7 +289,8 @@ def test_a_checkpoint_only_the_driver_sees_is_refused_naming_it_and_the_node(clu
 
 @pytest.fixture(scope="module")
 def killed_run(cluster, model_dir, molt_cache, tmp_path_factory):
-    """``molt-train rl`` on the cluster with two rollout workers; node B is killed once step 2 is logged."""
+    """``molt-train rl`` on the cluster with two rollout workers; node B is killed once step KILL_AFTER_STEP is
+    logged."""
     out = tmp_path_factory.mktemp("rl")
     log = (out / "driver.log").open("w")
     driver = subprocess.Popen(
@@ -301,17 +301,18 @@ def killed_run(cluster, model_dir, molt_cache, tmp_path_factory):
     )
     metrics = out / "metrics.jsonl"
     try:
-        # the actors while all are alive (the state API may lose a dead node's records), queried from step 1 on so
-        # that the kill still comes right after step KILL_AFTER_STEP
-        while driver.poll() is None and len(lines(metrics)) < 1:
-            time.sleep(0.5)
-        before: dict = {}
-        query = threading.Thread(target=lambda: before.update(cluster.state()))
-        query.start()
         while driver.poll() is None and len(lines(metrics)) < KILL_AFTER_STEP:
-            time.sleep(0.5)
-        query.join()
-        killed = cluster.kill("b")
+            time.sleep(0.1)
+        # a step takes ~0.15 s and the state API seconds: the driver (``ip netns exec`` execs it: this pid) holds
+        # still while every actor is read alive (the state API may lose a dead node's records) and node B is killed,
+        # so the kill comes right after step KILL_AFTER_STEP and the run has steps left to recover in
+        os.kill(driver.pid, signal.SIGSTOP)
+        try:
+            killed_at = len(lines(metrics))
+            before = cluster.state()
+            killed = cluster.kill("b")
+        finally:
+            os.kill(driver.pid, signal.SIGCONT)
         rc = driver.wait(timeout=300)
     finally:
         if driver.poll() is None:
@@ -319,7 +320,15 @@ def killed_run(cluster, model_dir, molt_cache, tmp_path_factory):
         log.close()
     assert rc == 0, (out / "driver.log").read_text()[-4000:]
     # the state API keeps the dead: every actor with the node it ran on, node B's among them
-    return {"out": out, "before": before, "state": cluster.state(), "killed": killed, "metrics": lines(metrics)}
+    state = cluster.state()
+    return {
+        "out": out,
+        "before": before,
+        "state": state,
+        "killed": killed,
+        "killed_at": killed_at,
+        "metrics": lines(metrics),
+    }
 
 
 def lines(path: Path) -> list[dict]:
@@ -357,6 +366,7 @@ def test_rollout_workers_env_servers_and_sandbox_actors_ran_on_both_nodes(killed
 
 def test_a_lost_node_drops_its_episodes_and_its_actors_come_back_on_the_survivor(killed_run):
     assert killed_run["killed"]  # the second node's raylet and workers were there to kill
+    assert killed_run["killed_at"] == KILL_AFTER_STEP  # the driver held still: the run had steps left to recover in
     state = killed_run["state"]
     workers = placement(state, "RolloutWorker")
     assert sorted(workers) == [HEAD_IP, HEAD_IP, NODE_B_IP], workers  # the lost worker, re-created on the head
@@ -371,7 +381,8 @@ def test_a_lost_node_drops_its_episodes_and_its_actors_come_back_on_the_survivor
         assert m["rollout/kept_rollouts"] + m["rollout/dropped_total"] == m["rollout/num_rollouts"] == 8
     # sandbox calls to the lost node's actors fail as failure_sandbox, never as reward 0; the replacements on the
     # head node serve the last steps whole
-    assert [m["rollout/dropped_total"] for m in metrics[-2:]] == [0, 0], metrics[-2:]
+    dropped = [{k: v for k, v in m.items() if k.startswith("rollout/dropped/") and v} for m in metrics]
+    assert [m["rollout/dropped_total"] for m in metrics[-2:]] == [0, 0], dropped
     assert (killed_run["out"] / "hf" / "config.json").is_file()
     for cls in ("RolloutWorker", "EnvServerActor", "_SandboxActor", "PolicyWorker"):  # for the record (-rP)
         print(cls, sorted(placement(state, cls)))
