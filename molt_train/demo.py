@@ -32,9 +32,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-# Float results on a CPU depend on the thread count and the instruction set the kernels use; pinned, two machines
-# compute the same (MKL's conditional numerical reproducibility; torch's and oneDNN's vector ISA at AVX2, which
-# every x86 server of the last decade has). Set before torch is first imported, inherited by the Ray workers.
+# Float results on a CPU depend on the thread count and the instruction set the kernels use; pinned, two Intel
+# machines compute the same (MKL's conditional numerical reproducibility, whose AVX2 branch MKL honours on Intel CPUs
+# only: an AMD one computes other digits; torch's and oneDNN's vector ISA at AVX2, which every x86 server of the last
+# decade has). MKL's vendor-neutral COMPATIBLE branch costs ~40% of the demo's time. Set before torch is first
+# imported, inherited by the Ray workers.
 REPRODUCIBLE_ENV = {"MKL_CBWR": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 # Speed, not figures: OpenMP threads that spin while they wait make every step ~8x slower when other processes
 # share the cores (measured on 2 loaded cores: 4.9 s vs 0.6 s a step); sleeping instead costs nothing measurable.
