@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import Tensor
+from transformers.core_model_loading import revert_weight_conversion
 
 from molt_train import context_parallel, parallel
 from molt_train import lora as lora_adapters
@@ -336,6 +337,10 @@ class PolicyWorker:
             return None
         if self.device.type != "cuda":
             raise RuntimeError("syncing weights to a vllm engine needs the trainer on a GPU; this rank runs on the CPU")
+        # vLLM loads the checkpoint's layout, which transformers may change on load (Qwen3-MoE: one fused
+        # experts.gate_up_proj per layer for the checkpoint's experts.{i}.gate_proj/up_proj); undo it as
+        # save_pretrained does, or vLLM's load_weights skips those tensors and serves stale experts
+        weights = revert_weight_conversion(self.model.lm, weights)
         target = None if dtype == "auto" else getattr(torch, dtype)
         return [(name, t if target is None else t.to(target)) for name, t in weights.items()]
 

@@ -12,8 +12,8 @@ ids of every forwarded position, ``[positions, layers, k]``). The trainer's forw
   completion tokens;
 - with replay every router's choice is replaced by vLLM's (its weights recomputed from the trainer's own router
   probabilities at those experts, so gradients still reach the router); ``mismatch_frac`` counts the routers' own
-  choices, before the replay (as ``train/routing_mismatch_frac`` does), so it is the same in both modes, and
-  ``logp_abs_diff_mean`` is the figure that replay changes.
+  choices, before the replay (as ``train/routing_mismatch_frac`` does), so the modes differ only through the
+  replayed experts of earlier layers, and ``logp_abs_diff_mean`` is the figure that replay changes.
 
 Prints one RESULT line per mode (``shapes.record``; appended to ``$OUT/results.jsonl``). This is the mechanism of
 the trainer's ``--train.routing_replay`` (``molt_train/routing.py``: the vllm engine records ``routed_experts``,
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -125,6 +126,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=1.0)
     args = parser.parse_args()
+    # the tokenizer is trained here (a thread pool) before vLLM starts its engine core: a forked core hangs in its
+    # model load, so spawn it, as the vllm engine does
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = make_moe(Path(tmp) / "moe", args.layers, args.experts, args.top_k)
         prompts = random_prompts(args.prompts, args.prompt_len, vocab=1000)

@@ -2,8 +2,8 @@
 without CUDA or vLLM): the CLI in its own process, a random tiny Qwen2 model with a tokenizer trained on the gsm8k
 split, Ray, FSDP2 on NCCL, vLLM in the rollout actor, CUDA-IPC weight sync. Three steps in sync mode with the
 weight check after each and the mismatch metrics bounded; then partial rollout (IS correction) across syncs. With
-two GPUs: the disaggregated placement (vLLM on a GPU of its own, NCCL broadcast sync), checked and async. MoE
-routing replay on a tiny Qwen3-MoE (``--train.routing_replay``)."""
+two GPUs: the disaggregated placement (vLLM on a GPU of its own, NCCL broadcast sync), checked and async. On a tiny
+Qwen3-MoE: routing replay (``--train.routing_replay``) and the frozen router (``--actor.freeze_moe_router``)."""
 
 from __future__ import annotations
 
@@ -39,14 +39,16 @@ def model_dir(tmp_path_factory) -> str:
     return str(save_tiny(model, tok, tmp_path_factory.mktemp("tiny")))
 
 
-def run_cli(model: str, out: Path, *extra: str, placement: tuple[str, ...] = COLOCATED) -> list[dict[str, float]]:
+def run_cli(
+    model: str, out: Path, *extra: str, placement: tuple[str, ...] = COLOCATED, env: str = "molt/gsm8k-v1"
+) -> list[dict[str, float]]:
     cmd = [
         sys.executable,
         "-m",
         "molt_train.cli",
         "rl",
         "--env",
-        "molt/gsm8k-v1",
+        env,
         "--actor.model_name_or_path",
         model,
         "--rollout.engine",
@@ -215,27 +217,66 @@ def test_lora_run_serves_the_trained_adapter_after_every_step(model_dir, tmp_pat
     assert sorted(p.name for p in (tmp_path / "lora_sync").iterdir()) == ["v2", "v3"]  # older ones removed
 
 
-def test_routing_replay_takes_vllms_experts_into_the_training_forward(tmp_path):
-    """A tiny random Qwen3-MoE (4 layers, 16 experts, top-4): vLLM records its experts (``enable_return_routed_experts``)
-    and the trainer counts how often its bf16 routers choose otherwise, without (``--train.record_routing``) and with
-    replay (``--train.routing_replay``). Step 1 samples the same batch on the same weights in both runs, so the
-    mismatch counted before the replay is alike, and replaying vLLM's experts brings the trainer's log-probs closer
-    to vLLM's."""
+@pytest.fixture(scope="module")
+def moe_dir(tmp_path_factory) -> str:
+    """A tiny random Qwen3-MoE (4 layers, 16 experts, top-4) with a tokenizer trained on the gsm8k split."""
     from molt_train.models.tiny import build_tiny_moe, save_tiny, train_tokenizer
 
     rows = [json.loads(line) for line in GSM8K.read_text().splitlines()[:2000]]
     tok = train_tokenizer([r["question"] + " " + r["answer"] for r in rows], vocab_size=1024)
     moe = build_tiny_moe(tok, hidden_size=256, num_layers=4, num_experts=16, top_k=4, max_positions=2048)
-    model = str(save_tiny(moe, tok, tmp_path / "moe"))
+    return str(save_tiny(moe, tok, tmp_path_factory.mktemp("moe")))
+
+
+def test_routing_replay_takes_vllms_experts_into_the_training_forward(moe_dir, tmp_path):
+    """vLLM records its experts (``enable_return_routed_experts``) and the trainer counts how often its bf16 routers
+    choose otherwise, without (``--train.record_routing``) and with replay (``--train.routing_replay``). Step 1
+    samples the same batch on the same weights in both runs, so the mismatch counted before the replay is alike, and
+    replaying vLLM's experts brings the trainer's log-probs closer to vLLM's."""
     runs = {
-        flag: run_cli(model, tmp_path / flag, "--train.force_sync_mode", f"--train.{flag}")
+        flag: run_cli(moe_dir, tmp_path / flag, "--train.force_sync_mode", f"--train.{flag}")
         for flag in ("record_routing", "routing_replay")
     }
     first = {flag: records[0] for flag, records in runs.items()}
     for flag, records in runs.items():
+        print(flag, [(r["train/routing_mismatch_frac"], r["mismatch/abs_diff_mean"]) for r in records])
         assert [r["step"] for r in records] == [1, 2, 3]
         assert all(0 <= r["train/routing_mismatch_frac"] < 0.5 for r in records), (flag, records)
     assert first["routing_replay"]["train/routing_mismatch_frac"] == pytest.approx(
         first["record_routing"]["train/routing_mismatch_frac"], abs=0.02
     )
     assert first["routing_replay"]["mismatch/abs_diff_mean"] < first["record_routing"]["mismatch/abs_diff_mean"]
+
+
+def test_freeze_moe_router_keeps_the_routers_and_vllm_routes_like_the_trainer(moe_dir, tmp_path):
+    """``--actor.freeze_moe_router`` on a real MoE through vLLM: after three checked, synced steps with a large
+    learning rate the saved routers are the start's while the experts moved, and vLLM's recorded experts agree with
+    the trainer's routers (the engine serves the synced experts and the same frozen routers). ``molt/sort-v1``'s
+    partial credit gives a random model's samples differing rewards, so GRPO has a gradient (gsm8k's are all 0)."""
+    from safetensors.torch import load_file
+
+    records = run_cli(
+        moe_dir,
+        tmp_path,
+        "--rollout.max_new_tokens",
+        "8",
+        "--train.force_sync_mode",
+        "--train.record_routing",
+        "--train.check_weight_update_equal",
+        "--actor.freeze_moe_router",
+        "--actor.adam.lr",
+        "1e-2",
+        env="molt/sort-v1",
+    )
+    print("freeze", [(r["train/routing_mismatch_frac"], r["mismatch/k3_kl"]) for r in records])
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert all(r["weight_sync/checked_params"] > 0 for r in records)
+    assert all(0 <= r["train/routing_mismatch_frac"] < 0.5 for r in records), records
+    before = load_file(Path(moe_dir) / "model.safetensors")
+    after = load_file(tmp_path / "hf" / "model.safetensors")
+    routers = [k for k in before if k.endswith("mlp.gate.weight")]
+    assert len(routers) == 4
+    for key in routers:
+        torch.testing.assert_close(after[key], before[key].to(after[key].dtype), rtol=0, atol=0, msg=key)
+    experts = [k for k in before if ".experts." in k]
+    assert experts and any(not torch.equal(after[k], before[k].to(after[k].dtype)) for k in experts)
