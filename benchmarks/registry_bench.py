@@ -44,8 +44,8 @@ sys.path.insert(0, str(REPO / "tests" / "env_registry"))  # the test suite's thr
 import pg_cluster  # noqa: E402
 from packaging_support import hatch_build, set_version  # noqa: E402
 
-from env_registry.client import RegistryClient  # noqa: E402
-from env_registry.scaffold import init  # noqa: E402
+from env_registry.packages.scaffold import init  # noqa: E402
+from env_registry.store.client import RegistryClient  # noqa: E402
 
 MOLT_ENV = str(Path(sys.executable).with_name("molt-env"))
 

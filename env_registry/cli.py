@@ -16,13 +16,17 @@ from env_registry.datasets import count_rows
 from env_registry.errors import Error
 from env_registry.ids import parse_env_id
 from env_registry.registry import registry
+from env_registry.sources import for_scheme, sources
 
 SERVER_EXTRA = {"fastapi", "uvicorn", "httpx", "multipart", "python_multipart", "build", "hatchling"}
 SERVER_EXTRA |= {"sqlalchemy", "alembic", "psycopg", "jinja2", "markdown_it", "nh3"}
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """Every ID grouped by namespace, with kind, modality, turns and tags; ``--tag`` keeps IDs carrying that tag."""
+    """Every ID grouped by namespace, with kind, modality, turns and tags; ``--tag`` keeps IDs carrying that tag;
+    ``--source SCHEME`` lists what another ecosystem's scheme can name instead, each with its availability."""
+    if args.source:
+        return _list_source(args.source)
     specs = [registry[i] for i in sorted(registry)]
     if args.tag:
         specs = [s for s in specs if args.tag in s.tags]
@@ -38,6 +42,23 @@ def cmd_list(args: argparse.Namespace) -> int:
         for s in members:
             turns = "?" if s.max_turns is None else str(s.max_turns)
             print(f"  {s.id:<{width}}  {s.kind:<10} {s.modality:<6} turns {turns:<3} {', '.join(s.tags)}")
+    return 0
+
+
+def _list_source(scheme: str) -> int:
+    found = [source for source in sources() if scheme in source.schemes]
+    if not found:
+        known = sorted({s for source in sources() for s in source.schemes})
+        raise Error(f"no ID scheme {scheme!r}; known schemes: {', '.join(known)}")
+    entries = found[0].catalog()
+    if not entries:
+        raise Error(f"the {scheme}: scheme has no catalog to list (its IDs name things it finds when asked)")
+    width = max(len(e.env_id) for e in entries)
+    for e in entries:
+        status = "available" if e.available else f"unavailable: {e.reason}"
+        print(f"  {e.env_id:<{width}}  {e.kind:<5} {status}" + (f"  -- {e.description}" if e.description else ""))
+    ready = sum(e.available for e in entries)
+    print(f"{len(entries)} IDs of {scheme}:, {ready} available, {len(entries) - ready} unavailable")
     return 0
 
 
@@ -58,6 +79,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "hash": spec.hash,
         "package": spec.package,
         "package_version": spec.package_version,
+        "upstream": spec.upstream,
         "spec": spec.model_dump(mode="json"),
         "datasets": splits,
         "card": spec.card.model_dump() if spec.card else None,
@@ -69,7 +91,7 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     if (Path(args.target) / "pyproject.toml").is_file():
-        from env_registry.source_check import check_source
+        from env_registry.packages.source_check import check_source
 
         passed, text = check_source(args.target)
         print(text)
@@ -80,7 +102,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_init(args: argparse.Namespace) -> int:
-    from env_registry.scaffold import init
+    from env_registry.packages.scaffold import init
 
     root = init(args.directory, args.id, kind=args.kind, package=args.package)
     print(f"created {root}: env {args.id} ({args.kind}); next: molt-env check {root} && molt-env build {root}")
@@ -88,7 +110,7 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 
 def cmd_build(args: argparse.Namespace) -> int:
-    from env_registry.build import build
+    from env_registry.packages.build import build
 
     release = build(args.directory, args.out, isolated=args.isolated)
     print(
@@ -111,10 +133,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     import tempfile
     import time
 
-    from env_registry.build import build
-    from env_registry.client import open_registry
+    from env_registry.packages.build import build
+    from env_registry.store.client import open_registry
+    from env_registry.store.validation_states import PASSED, PENDING
     from env_registry.validation.report import ValidationReport
-    from env_registry.validation_states import PASSED, PENDING
 
     target = open_registry(args.registry, args.token)
     with tempfile.TemporaryDirectory(prefix="molt-publish-") as out:
@@ -146,8 +168,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from env_registry.server import serve
-    from env_registry.store import LocalRegistry
+    from env_registry.hub.app import serve
+    from env_registry.store.local import LocalRegistry
 
     store = LocalRegistry(args.root, db=args.db)  # migrates the database before the server starts
     if args.mint_token:
@@ -174,7 +196,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_token(args: argparse.Namespace) -> int:
-    from env_registry.store import LocalRegistry
+    from env_registry.store.local import LocalRegistry
 
     store = LocalRegistry(args.root, db=args.db)
     if args.action == "mint":
@@ -191,7 +213,7 @@ def cmd_token(args: argparse.Namespace) -> int:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    from env_registry.client import open_registry
+    from env_registry.store.client import open_registry
 
     found = open_registry(args.registry, args.token).search(args.query)
     for package in found:
@@ -203,8 +225,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 
 
 def cmd_install(args: argparse.Namespace) -> int:
-    from env_registry.client import open_registry
-    from env_registry.install import install
+    from env_registry.installs.install import install
+    from env_registry.store.client import open_registry
 
     info = install(args.env_id, open_registry(args.registry, args.token), python=args.python, isolated=args.isolated)
     if info.yanked:
@@ -221,14 +243,15 @@ def cmd_install(args: argparse.Namespace) -> int:
 
 
 def cmd_serve_env(args: argparse.Namespace) -> int:
-    from env_registry.env_servers import serve_env
-    from env_registry.isolated import records
-    from env_registry.remote import RemoteEnvSpec, is_url
+    from env_registry.installs.isolated import records
+    from env_registry.remote import RemoteEnvSpec
+    from env_registry.serving.serve_env import serve_env
+    from env_registry.serving.urls import is_url
 
     if is_url(args.env_id):
         raise Error(f"{args.env_id} is already served; serve-env takes a registered ID such as ns/name-v1")
     python = args.python
-    if python is None:
+    if python is None and for_scheme(args.env_id) is None:  # another ecosystem's ID is served from here
         spec = registry.spec(args.env_id)
         if isinstance(spec, RemoteEnvSpec):  # an isolated install: serve it from its own venv
             python = next(r.python for r in records() if (r.package, r.version) == (spec.package, spec.package_version))
@@ -250,7 +273,7 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
 
 
 def cmd_yank(args: argparse.Namespace) -> int:
-    from env_registry.client import open_registry
+    from env_registry.store.client import open_registry
 
     if parse_env_id(args.env_id).pin is None:
         raise Error(f"yank needs an exact package version: write '{args.env_id}@<version>'")
@@ -277,6 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     lst = sub.add_parser("list", help="every registered ID, grouped by namespace (kind, modality, turns, tags)")
     lst.add_argument("--tag", help="only IDs with this tag (e.g. game, reasoning-gym, math)")
+    lst.add_argument("--source", metavar="SCHEME", help="every ID another ecosystem's scheme can name (rg, ...)")
     lst.set_defaults(fn=cmd_list)
     info = sub.add_parser("info", help="spec, manifest, datasets and tools of one env")
     info.add_argument("env_id")

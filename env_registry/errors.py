@@ -1,7 +1,7 @@
 """Every error the registry raises, each named for the boundary it guards: an ID, a registration, a lookup, a
 manifest, a package name, a release file, a build, an install. Every message names the offending value and says what
 to do. The registry server's store keeps its HTTP-status errors (`Conflict`, `NotFound`, `Forbidden`) in
-``env_registry.store``; they derive from `Error` like these.
+``env_registry.store.local``; they derive from `Error` like these.
 """
 
 

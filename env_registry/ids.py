@@ -1,9 +1,13 @@
-"""Environment IDs: ``[namespace/]name[-vN][@package_version]``, as Gymnasium plus an optional package pin."""
+"""Environment IDs: ``[namespace/]name[-vN][@package_version]``, as Gymnasium plus an optional package pin; another
+ecosystem's ``SCHEME:NAME``; and the ``?key=value&...`` kwargs any of them may carry."""
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
+from typing import Any
+from urllib.parse import unquote_plus
 
 from env_registry.errors import InvalidEnvId
 
@@ -14,6 +18,9 @@ _ID = re.compile(
     r"(?:-v(?P<version>\d+))?"
     r"(?:@(?P<pin>[A-Za-z0-9][A-Za-z0-9_.+!-]*))?$"
 )
+
+SCHEME_ID = re.compile(r"^(?P<scheme>[a-z][a-z0-9_-]*):(?P<name>[^\s?]+)$")  # "rg:countdown", "openenv:http://h:1"
+_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -67,3 +74,33 @@ def parse_env_id(env_id: str) -> EnvId:
         )
     version = match["version"]
     return EnvId(match["namespace"], match["name"], int(version) if version is not None else None, match["pin"])
+
+
+def split_kwargs(env_id: str) -> tuple[str, dict[str, Any]]:
+    """``"ID?key=value&key2=value2"`` -> ``("ID", {"key": value, ...})``; an ID without ``?`` has no kwargs.
+
+    Values parse as JSON where they do (``3``, ``true``, ``[1, 2]``, ``"x"``), else stay strings; ``%xx`` and ``+``
+    are URL-decoded first.
+
+    Raises:
+        InvalidEnvId: a part is not ``key=value``, a key is not an identifier, or a key is given twice.
+    """
+    base, sep, query = env_id.partition("?")
+    if not sep:
+        return env_id, {}
+    kwargs: dict[str, Any] = {}
+    for part in query.split("&"):
+        key, eq, raw = part.partition("=")
+        key = unquote_plus(key)
+        if not eq or not _KEY.fullmatch(key):
+            raise InvalidEnvId(
+                f"{env_id!r}: {part!r} is not key=value with an identifier key; write ID?key=value&key2=value2"
+            )
+        if key in kwargs:
+            raise InvalidEnvId(f"{env_id!r}: the kwarg {key!r} is given twice; give each key once")
+        value = unquote_plus(raw)
+        try:
+            kwargs[key] = json.loads(value)
+        except ValueError:
+            kwargs[key] = value
+    return base, kwargs

@@ -27,7 +27,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from env_registry.errors import ManifestError
-from env_registry.ids import parse_env_id
+from env_registry.ids import SCHEME_ID, parse_env_id
 
 _ENTRY_POINT = re.compile(r"^[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*$")
 _SAFE_PATH = re.compile(r"^[\w][\w./-]*$")
@@ -136,10 +136,22 @@ class EnvManifest(BaseModel):
 
 
 class EnvSpec(EnvManifest):
-    """A registered env: its manifest plus the package that provides it. JSON data only."""
+    """A registered env: its manifest plus the package that provides it. JSON data only.
+
+    An env of another ecosystem has a ``SCHEME:NAME`` ID (made by that scheme's source) and ``upstream``: the library
+    it adapts, that library's version and, where the source gives one, its license. Both are hashed.
+    """
 
     package: str | None = None
     package_version: str | None = None
+    upstream: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("id")
+    @classmethod
+    def _valid_id(cls, value: str) -> str:
+        if SCHEME_ID.fullmatch(value):
+            return value  # "rg:countdown": its source checked the name
+        return EnvManifest._valid_id(value)
 
     def to_json(self) -> str:
         return self.model_dump_json()
@@ -151,7 +163,10 @@ class EnvSpec(EnvManifest):
     @property
     def hash(self) -> str:
         """Stable across processes and machines: sha256 of the canonical JSON (includes the package version)."""
-        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        data = self.model_dump(mode="json")
+        if not data["upstream"]:  # a native env's hash is what it was before foreign envs had this field
+            del data["upstream"]
+        canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 

@@ -1,6 +1,7 @@
 """Weighted env mixes: the repeatable ``--env ID[:weight]`` flag of ``molt-env eval`` (and of training).
 
-An ID may itself hold ``:`` or ``@`` (``module:ns/name-v1``, ``ns/name-v1@1.4.2``, ``http://host:port/ns/name-v1``),
+An ID may itself hold ``:`` or ``@`` (``module:ns/name-v1``, ``ns/name-v1@1.4.2``, ``http://host:port/ns/name-v1``,
+``rg:countdown``, ``openenv:http://host:port``),
 so a weight is only what follows the *last* ``:`` when that looks like a number, or when nothing else could stand
 there (a ``:`` after an ID that has a ``/`` namespace or a version can only introduce a weight).
 """
@@ -14,11 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from env_registry.errors import Error, InvalidEnvId
-from env_registry.ids import parse_env_id
+from env_registry.ids import parse_env_id, split_kwargs
+from env_registry.sources import for_scheme
 
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _URL = re.compile(r"https?://", re.IGNORECASE)
+_URL_AUTHORITY = re.compile(r"https?://[^/?]*$", re.IGNORECASE)  # a URL's host with nothing after it yet
 
 
 class InvalidEnvMix(Error, ValueError):
@@ -48,6 +51,8 @@ def split_weight(value: str) -> tuple[str, float | None]:
     head, sep, tail = value.rpartition(":")
     if not sep:
         return value, None
+    if _URL_AUTHORITY.search(head) and tail.isdigit():  # "openenv:http://127.0.0.1:8000": a port, not a weight
+        return value, None
     if _NUMBER.fullmatch(tail.strip()):
         return head, _positive(float(tail), value)
     if not tail:
@@ -71,8 +76,9 @@ def check_id_syntax(env_id: str) -> None:
     Raises:
         InvalidEnvId: the ID part (after a ``module:`` prefix; URLs are left to their server) is malformed.
     """
-    if _URL.match(env_id):
+    if _URL.match(env_id) or for_scheme(env_id) is not None:  # a scheme's source checks its own names
         return
+    env_id = split_kwargs(env_id)[0]
     parse_env_id(env_id.split(":", 1)[1] if ":" in env_id else env_id)
 
 

@@ -1,7 +1,8 @@
 """``register`` / ``spec`` / ``make`` with Gymnasium's version rules, fed lazily by ``molt.envs`` entry points.
 
 Discovery reads entry-point names and the ``[tool.molt.env]`` manifests shipped in each distribution's metadata;
-no env module is imported until ``make()`` (or ``load()``) asks for that one env.
+no env module is imported until ``make()`` (or ``load()``) asks for that one env. IDs from elsewhere (an env server's
+URL, an isolated install, another ecosystem's scheme) come through ``env_registry.sources``.
 """
 
 from __future__ import annotations
@@ -9,16 +10,16 @@ from __future__ import annotations
 import difflib
 import importlib
 import importlib.metadata as metadata
+import inspect
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-from env_registry import isolated, remote
+from env_registry import remote, sources
 from env_registry.errors import (
     DeprecatedEnv,
     DeprecatedEnvWarning,
-    IsolatedInstallError,
     ManifestError,
     NameNotFound,
     NamespaceNotFound,
@@ -26,7 +27,7 @@ from env_registry.errors import (
     RegistrationError,
     VersionNotFound,
 )
-from env_registry.ids import EnvId, parse_env_id
+from env_registry.ids import EnvId, parse_env_id, split_kwargs
 from env_registry.manifest import (
     ENTRY_POINT_GROUP,
     EnvManifest,
@@ -120,10 +121,9 @@ class Registry(Mapping[str, EnvSpec]):
                     self._add(spec, explicit=False)
                 except Exception as exc:  # one broken package must not hide every other env
                     warnings.warn(f"skipping env {ep.name!r} from package {name!r}: {exc}", stacklevel=2)
-            for record in isolated.records():
-                if record.status == "installed":
-                    for served in isolated.served_specs(record):
-                        self.add_served(served)
+            for source in sources.sources():
+                for served in source.listed():
+                    self.add_served(served)
 
     def add_served(self, spec: RemoteEnvSpec) -> None:
         """Add a spec whose env runs in an env server (an isolated install). A package installed in this
@@ -143,14 +143,31 @@ class Registry(Mapping[str, EnvSpec]):
 
     # -- lookup --
     def spec(self, env_id: str) -> EnvSpec:
-        if remote.is_url(env_id):  # "http://host:port/ns/name-v1": the server's spec
-            return remote.url_spec(env_id)
+        source = sources.for_scheme(env_id)
+        if source is not None:  # "http://host:port/ns/name-v1", "rg:countdown": a known scheme comes first
+            return source.spec(env_id)
+        env_id, kwargs = split_kwargs(env_id)
+        spec = self._lookup(env_id)
+        if not kwargs:
+            return spec
+        if isinstance(spec, RemoteEnvSpec):
+            raise RegistrationError(
+                f"{spec.id!r} runs in {spec.where}; the kwargs {sorted(kwargs)} cannot reach it: "
+                "set them in the spec the server serves"
+            )
+        return spec.model_copy(update={"kwargs": {**spec.kwargs, **kwargs}})  # kwargs are hashed with the spec
+
+    def _lookup(self, env_id: str) -> EnvSpec:
         if ":" in env_id:  # "some.module:ns/name-v1" imports the module (which registers) first
             module, env_id = env_id.split(":", 1)
             try:
                 importlib.import_module(module)
             except ImportError as exc:
-                raise NameNotFound(f"could not import module {module!r} to register {env_id!r}: {exc}") from exc
+                schemes = sorted({scheme for source in sources.sources() for scheme in source.schemes})
+                raise NameNotFound(
+                    f"could not import module {module!r} to register {env_id!r}: {exc}; {module!r} is no known ID "
+                    f"scheme either (known schemes: {', '.join(f'{s}:' for s in schemes)})"
+                ) from exc
         self._discover()
         parsed = parse_env_id(env_id)
         spec = self._specs.get(parsed.unpinned)
@@ -166,12 +183,10 @@ class Registry(Mapping[str, EnvSpec]):
                 )
                 spec = self._specs[latest]
         if spec is None:
-            failed = isolated.failed_install(parsed.unpinned)
-            if failed is not None:
-                raise IsolatedInstallError(
-                    f"{parsed.unpinned!r} was to come from {failed.where}, which failed: {failed.error}; fix it and "
-                    f"run `molt-env install {parsed.unpinned} --isolated` again"
-                )
+            for source in sources.sources():
+                reason = source.missing(parsed.unpinned)
+                if reason is not None:
+                    raise reason
             self._raise_not_found(parsed)
         versions = self._versions(parsed)
         if parsed.version is not None and versions and parsed.version < max(versions):
@@ -247,6 +262,7 @@ class Registry(Mapping[str, EnvSpec]):
             return spec, remote.factory(spec)
         cls = self.load(spec)
         merged = {**spec.kwargs, **kwargs}
+        _check_kwargs(cls, merged, spec.id)
         stamped = spec.model_copy(update={"kwargs": merged}) if kwargs else spec
 
         def new_instance() -> Any:
@@ -259,6 +275,24 @@ class Registry(Mapping[str, EnvSpec]):
     def make(self, env_id: str, **kwargs: Any) -> Any:
         """A fresh instance of the env; ``kwargs`` overlay the spec's ``kwargs``."""
         return self.factory(env_id, **kwargs)[1]()
+
+
+def _check_kwargs(cls: Any, kwargs: dict[str, Any], env_id: str) -> None:
+    """Refuse a kwarg the env's constructor does not take, naming it and the ones it does (no check when it takes
+    ``**kwargs`` or has no signature to read)."""
+    try:
+        params = inspect.signature(cls).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return
+    takes = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    unknown = sorted(set(kwargs) - set(takes))
+    if unknown:
+        raise RegistrationError(
+            f"{env_id!r} takes no kwarg {unknown[0]!r} ({cls.__name__} takes {', '.join(takes) or 'none'}); "
+            f"drop it or use one of those"
+        )
 
 
 def _dist_manifests(dist: metadata.Distribution | None) -> dict[str, EnvManifest]:

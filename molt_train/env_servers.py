@@ -1,7 +1,7 @@
 """The env servers of a Ray run: each isolated install's ``serve-env`` process owned by an ``EnvServerActor``.
 
 Outside Ray, ``make(ID)`` of an isolated install starts the env server as a child process of the caller
-(``env_registry.env_servers``). Under Ray the trainer starts it in a Ray actor on the caller's node instead, so
+(``env_registry.serving.managed_servers``). Under Ray the trainer starts it in a Ray actor on the caller's node instead, so
 Ray's state API lists every env server of a run with its node, and a server dies with its node and its owner:
 ``serve_here`` (called by the driver, which reads the envs' datasets from it, and by every ``RolloutWorker``, which
 runs its episodes on it) starts one ``EnvServerActor`` per isolated env on the calling process's node, and points
@@ -20,9 +20,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from env_registry.env_servers import PROBE_TIMEOUT_S, ManagedEndpoint, ManagedServer
+from env_registry.serving.managed_servers import PROBE_TIMEOUT_S, ManagedEndpoint, ManagedServer
 from env_registry.errors import EnvServerUnavailable
-from env_registry.isolated import IsolatedInstall, install_of
+from env_registry.installs.isolated import IsolatedInstall, install_of
 from env_registry.remote import RemoteEnvSpec
 
 

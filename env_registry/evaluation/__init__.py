@@ -2,6 +2,9 @@
 
 One code path (``evaluate``) serves ``molt-env eval``, ``molt-train eval`` and the trainer's periodic eval; a
 ``Policy`` says what generates (``EnginePolicy`` in process, ``EndpointPolicy`` for OpenAI/Anthropic endpoints).
+
+May import: ``store`` (``--publish-results``), ``packages`` and the top of ``env_registry``; never ``hub`` or
+``validation``.
 """
 
 from env_registry.evaluation.endpoint import EndpointPolicy

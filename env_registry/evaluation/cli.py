@@ -203,8 +203,8 @@ def _print_headline(summary: dict[str, Any]) -> None:
 
 
 def _publish(args: argparse.Namespace, summary: dict[str, Any]) -> None:
-    from env_registry.client import RegistryClient
     from env_registry.evaluation.summary import env_summaries
+    from env_registry.store.client import RegistryClient
 
     client = RegistryClient(args.registry or os.environ["MOLT_REGISTRY"], args.token)
     for one in env_summaries(summary):

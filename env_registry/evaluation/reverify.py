@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from env_registry.errors import Error
 from env_registry.evaluation.chat_driver import Reply, drive_env
 from env_registry.evaluation.episode import Episode, Failure, classify, invalid_action
 from env_registry.evaluation.passk import resolve_ks
-from env_registry.evaluation.run import now
+from env_registry.evaluation.run import now, upstream_changes
 from env_registry.evaluation.samples import SampleStore, key_of
 from env_registry.evaluation.summary import summarize
 from env_registry.evaluation.tasks import EnvTask, EvalSettings
@@ -51,6 +52,8 @@ async def reverify(root: str | Path, concurrency: int = 16) -> dict[str, Any]:
         except Error as exc:
             raise Error(f"cannot re-grade {env_id!r}: {exc}") from None
         tasks[env_id] = EnvTask(env_id, spec, factory, [], 1.0)
+    for message in upstream_changes(store.header, {env_id: task.spec for env_id, task in tasks.items()}):
+        warnings.warn(f"re-grading {root}: {message}", stacklevel=2)
     records = sorted(store.records.values(), key=key_of)
     semaphore = asyncio.Semaphore(concurrency)
 

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from env_registry.errors import Error
 from env_registry.evaluation.episode import Episode, Failure, Policy, invalid_action
 from env_registry.evaluation.passk import resolve_ks
 from env_registry.evaluation.samples import SampleStore
@@ -25,6 +26,20 @@ from env_registry.evaluation.summary import summarize
 from env_registry.evaluation.tasks import EnvTask, EvalSettings, sample_seed
 
 RESUME_MUST_MATCH = ("model", "sampling", "specs")
+
+
+def upstream_changes(header: dict[str, Any], specs: dict[str, Any]) -> list[str]:
+    """For each env of another ecosystem whose library is installed in another version than ``header`` (an
+    ``eval.json``) recorded, a sentence naming both versions."""
+    changes = []
+    for env_id, was in header.get("upstream", {}).items():
+        now_ = getattr(specs.get(env_id), "upstream", None) or {}
+        if now_ and was.get("version") != now_.get("version"):
+            changes.append(
+                f"{env_id} was evaluated with {was.get('library')} {was.get('version')}, and "
+                f"{now_.get('library')} {now_.get('version')} is installed now"
+            )
+    return changes
 
 
 def now() -> str:
@@ -54,11 +69,15 @@ async def evaluate(
     """
     ks = resolve_ks(settings.ks, settings.n)
     store = SampleStore(out)
+    if store.header is not None:
+        for message in upstream_changes(store.header, {t.env_id: t.spec for t in tasks}):
+            raise Error(f"{out}: {message}; install that version to resume this eval, or use another --out")
     header = {
         "model": policy.name,
         "sampling": settings.sampling(),
         "specs": {t.env_id: t.spec.hash for t in tasks},
         "given_ids": {t.env_id: t.given_id or t.env_id for t in tasks},
+        "upstream": {t.env_id: t.spec.upstream for t in tasks if t.spec.upstream},
         "started": now(),
     }
     store.begin(header, RESUME_MUST_MATCH)

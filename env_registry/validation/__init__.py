@@ -2,6 +2,8 @@
 
 ``validate(target) -> ValidationReport`` is the one entry point (the registry server's publish gate calls it too);
 ``report.ok`` is the verdict, ``report.to_json()`` its stored form.
+
+May import: ``store`` (the publish gate's states), ``packages`` and the top of ``env_registry``; never ``hub``.
 """
 
 from env_registry.validation.report import Check, ValidationReport

@@ -1,6 +1,6 @@
 """The registry server's publish gate: the worker process of ``molt-env serve --validate``.
 
-``molt-env serve --validate`` stores every upload ``pending`` (``env_registry.validation_states``) and starts this
+``molt-env serve --validate`` stores every upload ``pending`` (``env_registry.store.validation_states``) and starts this
 module as a process of its own (``python -m env_registry.validation.gate``), never on the request path and never in
 a server process: it takes the pending releases oldest first, runs ``validate`` on each one's stored wheel (the
 package's import and grader run only inside the sandbox jail, see ``validate``), and stores ``passed`` or
@@ -24,10 +24,10 @@ import traceback
 import uuid
 from collections.abc import Sequence
 
-from env_registry.store import LocalRegistry
+from env_registry.store.local import LocalRegistry
+from env_registry.store.validation_states import FAILED, PASSED
 from env_registry.validation.report import ValidationReport
 from env_registry.validation.validate import now, validate
-from env_registry.validation_states import FAILED, PASSED
 
 POLL_S = 1.0
 RETRY_S = 10.0

@@ -33,8 +33,8 @@ import tempfile
 import tomllib
 from pathlib import Path
 
-from env_registry.artifacts import file_sha256, inspect_wheel
 from env_registry.errors import Error
+from env_registry.packages.artifacts import file_sha256, inspect_wheel
 from env_registry.validation.jail import JAIL_PYTHON, run_worker
 from env_registry.validation.report import ValidationReport
 
@@ -89,7 +89,7 @@ def _wheel_of(
     path = Path(target).expanduser()
     try:
         if path.is_dir():
-            from env_registry.build import build
+            from env_registry.packages.build import build
 
             release = build(path, work / "dist")
             report.add("build", True, f"{release.wheel.name} from {path}")
@@ -107,7 +107,7 @@ def _wheel_of(
 
 
 def _download(env_id: str, registry: str | None, token: str | None, work: Path, report: ValidationReport) -> Path:
-    from env_registry.client import open_registry
+    from env_registry.store.client import open_registry
 
     source = open_registry(registry, token)
     info = source.resolve(env_id)

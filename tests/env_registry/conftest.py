@@ -19,10 +19,10 @@ sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib puts n
 import pg_cluster  # noqa: E402
 from packaging_support import hatch_build, make_venv, run_cli, set_version, start_server  # noqa: E402
 
-from env_registry.artifacts import Release  # noqa: E402
-from env_registry.build import build  # noqa: E402
-from env_registry.scaffold import init  # noqa: E402
-from env_registry.store import LocalRegistry  # noqa: E402
+from env_registry.packages.artifacts import Release  # noqa: E402
+from env_registry.packages.build import build  # noqa: E402
+from env_registry.packages.scaffold import init  # noqa: E402
+from env_registry.store.local import LocalRegistry  # noqa: E402
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "envs" / "acme_letter_count"
 

@@ -16,9 +16,9 @@ from pathlib import Path
 
 import httpx
 
-from env_registry.artifacts import Release, inspect_release
-from env_registry.client import RegistryClient
-from env_registry.store import Conflict
+from env_registry.packages.artifacts import Release, inspect_release
+from env_registry.store.client import RegistryClient
+from env_registry.store.local import Conflict
 
 MOLT_ENV = str(Path(sys.executable).with_name("molt-env"))
 

@@ -298,10 +298,10 @@ def test_publish_results_uploads_the_summary_per_release(endpoint, server, lette
     """The example package published to a live registry server; its eval summary uploaded next to the release."""
     import httpx
 
-    from env_registry.build import read_source
-    from env_registry.client import RegistryClient
+    from env_registry.packages.build import read_source
     from env_registry.registry import registry
-    from env_registry.store import Conflict
+    from env_registry.store.client import RegistryClient
+    from env_registry.store.local import Conflict
 
     with contextlib.suppress(Conflict):  # another test may have published it to the session's server
         RegistryClient(server.url, server.token).publish(letter_count)

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from packaging_support import in_venv, run_cli
 
-from env_registry.build import build
 from env_registry.manifest import read_pyproject_manifests
+from env_registry.packages.build import build
 from env_registry.registry import MANIFEST_METADATA_PATH
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "envs"

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 from packaging_support import rewrite_wheel
 
-from env_registry import install as install_module
-from env_registry.artifacts import InvalidArtifact, inspect_release
-from env_registry.names import InvalidName, distribution_file
-from env_registry.store import Forbidden, LocalRegistry
+from env_registry.installs import install as install_module
+from env_registry.packages.artifacts import InvalidArtifact, inspect_release
+from env_registry.packages.names import InvalidName, distribution_file
+from env_registry.store.local import Forbidden, LocalRegistry
 
 
 def test_sdist_header_claiming_gigabytes_is_refused_before_it_is_read(tmp_path, echo):
@@ -73,8 +73,8 @@ def test_install_refuses_a_registry_answer_that_is_not_what_was_asked(tmp_path):
 
 
 def test_the_server_names_no_path_of_its_own(server):
-    from env_registry.client import RegistryClient
-    from env_registry.store import NotFound
+    from env_registry.store.client import RegistryClient
+    from env_registry.store.local import NotFound
 
     with pytest.raises(NotFound) as caught:
         RegistryClient(server.url).resolve("acme/nope-v1")

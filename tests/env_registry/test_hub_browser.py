@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from packaging_support import SUMMARY, publish
 
-from env_registry.client import RegistryClient
+from env_registry.store.client import RegistryClient
 
 CHROMIUM = Path("/usr/bin/chromium")
 FLAGS = [

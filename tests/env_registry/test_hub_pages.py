@@ -14,10 +14,10 @@ import psycopg
 import pytest
 from packaging_support import SUMMARY, hatch_build, hatch_files, publish
 
-from env_registry.client import RegistryClient
-from env_registry.eval_summaries import InvalidSummary
-from env_registry.scaffold import init
-from env_registry.store import Forbidden, NotFound
+from env_registry.packages.scaffold import init
+from env_registry.store.client import RegistryClient
+from env_registry.store.eval_summaries import InvalidSummary
+from env_registry.store.local import Forbidden, NotFound
 
 
 def sql(server, statement: str, *args) -> None:

@@ -17,8 +17,8 @@ from packaging_support import MOLT_ENV, hatch_build
 
 import env_registry
 from env_registry.errors import EnvServerUnavailable, IsolatedInstallError
-from env_registry.isolated import IsolatedInstall, records, runtime_requirement
-from env_registry.store import LocalRegistry
+from env_registry.installs.isolated import IsolatedInstall, records, runtime_requirement
+from env_registry.store.local import LocalRegistry
 from molt_envs import SamplingParams
 from molt_envs.replay_model import ByteChatTokenizer, ReplayEngine
 
@@ -129,7 +129,7 @@ def cache(tmp_path_factory):
         installs[env_id] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     env_registry.registry._discovered = False  # re-read: the installs happened in other processes
     yield cache_dir, installs
-    from env_registry.env_servers import stop_managed_servers
+    from env_registry.serving.managed_servers import stop_managed_servers
 
     stop_managed_servers()
     if previous is None:

@@ -11,10 +11,10 @@ import zipfile
 import pytest
 from packaging_support import hatch_build, run_cli
 
-from env_registry import names
-from env_registry.artifacts import InvalidArtifact, content_hash, inspect_release
-from env_registry.build import BuildError, build, read_source
 from env_registry.errors import ManifestError
+from env_registry.packages import names
+from env_registry.packages.artifacts import InvalidArtifact, content_hash, inspect_release
+from env_registry.packages.build import BuildError, build, read_source
 
 
 @pytest.mark.parametrize("kind", ["env", "chat_agent"])

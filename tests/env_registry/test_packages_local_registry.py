@@ -8,8 +8,8 @@ import threading
 import pytest
 from packaging_support import hatch_build, in_venv, run_cli, set_version
 
-from env_registry.scaffold import init
-from env_registry.store import Conflict, LocalRegistry, NotFound
+from env_registry.packages.scaffold import init
+from env_registry.store.local import Conflict, LocalRegistry, NotFound
 
 
 def test_publish_rules_yank_and_resolution(echo, tmp_path, make_registry):

@@ -1,4 +1,4 @@
-"""The server's page cache (``env_registry.page_cache``) against real servers on one database: every write through
+"""The server's page cache (``env_registry.hub.page_cache``) against real servers on one database: every write through
 one replica, or by another process on the database, shows on the other replica's cached pages at once, and a
 private server never replays one reader's page to another, nor to a refused request."""
 
@@ -8,8 +8,8 @@ import httpx
 import pytest
 from packaging_support import start_server
 
-from env_registry.client import RegistryClient
-from env_registry.store import LocalRegistry
+from env_registry.store.client import RegistryClient
+from env_registry.store.local import LocalRegistry
 
 PAGES = ("/simple/acme-echo/", "/api/resolve?env_id=acme/echo-v1", "/packages/acme-echo")
 REPORT = {"isolation": "jail", "checks": [{"name": "determinism", "passed": True, "detail": "", "env_id": None}]}

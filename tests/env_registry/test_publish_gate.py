@@ -8,9 +8,9 @@ import httpx
 import pytest
 from packaging_support import run_cli, start_server
 
-from env_registry.scaffold import init
-from env_registry.store import NotFound
-from env_registry.validation_states import FAILED, PASSED
+from env_registry.packages.scaffold import init
+from env_registry.store.local import NotFound
+from env_registry.store.validation_states import FAILED, PASSED
 
 
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"], indirect=True)

@@ -21,10 +21,10 @@ import psycopg
 import pytest
 from packaging_support import hatch_build, run_cli, start_server
 
-from env_registry.client import RegistryClient
-from env_registry.database import DatabaseError, database_url
-from env_registry.scaffold import init
-from env_registry.store import LocalRegistry
+from env_registry.packages.scaffold import init
+from env_registry.store.client import RegistryClient
+from env_registry.store.database import DatabaseError, database_url
+from env_registry.store.local import LocalRegistry
 
 # The schema and the writes of the store before migrations existed (env_registry/store.py up to this change).
 LEGACY_SCHEMA = """
@@ -123,7 +123,7 @@ def test_db_urls_other_than_sqlite_and_postgresql_are_refused(tmp_path, url, mes
 def test_the_head_revision_is_the_newest_migration():
     from alembic.script import ScriptDirectory
 
-    from env_registry.database import HEAD_REVISION, alembic_config
+    from env_registry.store.database import HEAD_REVISION, alembic_config
 
     assert ScriptDirectory.from_config(alembic_config()).get_current_head() == HEAD_REVISION
 

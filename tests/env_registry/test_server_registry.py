@@ -14,9 +14,9 @@ import httpx
 import pytest
 from packaging_support import hatch_build, in_venv, rewrite_wheel, run_cli, start_server
 
-from env_registry.client import RegistryClient
-from env_registry.scaffold import init
-from env_registry.store import Conflict, Forbidden
+from env_registry.packages.scaffold import init
+from env_registry.store.client import RegistryClient
+from env_registry.store.local import Conflict, Forbidden
 
 SCHEMATHESIS = str(Path(sys.executable).with_name("schemathesis"))
 

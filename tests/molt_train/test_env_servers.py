@@ -11,7 +11,7 @@ import pytest
 
 import env_registry
 from env_registry.errors import EnvServerUnavailable
-from env_registry.isolated import IsolatedInstall
+from env_registry.installs.isolated import IsolatedInstall
 from env_registry.remote import RemoteEnvSpec
 from molt_envs import SamplingParams
 from molt_envs.replay_model import ByteChatTokenizer, ReplayEngine

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from env_registry.artifacts import inspect_release
-from env_registry.store import LocalRegistry
+from env_registry.packages.artifacts import inspect_release
+from env_registry.store.local import LocalRegistry
 
 HEAD_IP, NODE_B_IP = "198.51.100.1", "198.51.100.2"
 ADDRESS = f"{HEAD_IP}:6379"

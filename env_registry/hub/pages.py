@@ -3,7 +3,7 @@
 - ``/`` searches (``?q=`` over names, env IDs, descriptions and tags; ``?tag=`` filters) and lists the newest and
   the most-installed packages.
 - ``/packages/<pkg>`` shows versions (yanked ones with their reason), owner, license, install commands, file hashes
-  and the README (``env_registry.readme``: sanitized HTML).
+  and the README (``env_registry.hub.readme``: sanitized HTML).
 - ``/envs/<ns>/<name>-vN`` is the env card: what the manifest declares, the validation report and eval summaries
   of each version, and the other versions of the ID.
 - ``/login`` exchanges a token for an HttpOnly session cookie; on a ``--private`` server every page needs one (or
@@ -31,12 +31,13 @@ from fastapi.responses import HTMLResponse, RedirectResponse
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
-from env_registry import names, readme
-from env_registry.access import SESSION_COOKIE, STATUS, logged_in, request_token
-from env_registry.credentials import SESSION_SECONDS
 from env_registry.errors import Error
+from env_registry.hub import readme
+from env_registry.hub.access import SESSION_COOKIE, STATUS, logged_in, request_token
 from env_registry.ids import parse_env_id
-from env_registry.store import LocalRegistry, NotFound, PackageInfo, ReleaseInfo
+from env_registry.packages import names
+from env_registry.store.credentials import SESSION_SECONDS
+from env_registry.store.local import LocalRegistry, NotFound, PackageInfo, ReleaseInfo
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_QUERY_CHARS = 200

@@ -14,9 +14,9 @@ import json
 import re
 from pathlib import Path
 
-from env_registry import names
 from env_registry.errors import Error
 from env_registry.ids import parse_env_id
+from env_registry.packages import names
 
 SAMPLE_TEXTS = [
     "hello world",

@@ -1,7 +1,6 @@
-"""Env servers: ``molt-env serve-env ID``, and the servers this process starts for isolated installs.
+"""The env servers this process starts for isolated installs, each in the install's own interpreter.
 
-``serve_env`` serves a registered ID with ``molt_envs.env_server`` (the env, its grader, its datasets and its
-sandboxed tools all run in the server's process). ``ManagedServer`` runs ``python -m env_registry.cli serve-env ID``
+``ManagedServer`` runs ``python -m env_registry.cli serve-env ID``
 under another interpreter (an isolated install's venv), waits until it answers, restarts it when it has died or
 stopped answering, and stops it when this process exits; if this process is killed instead, the server exits when
 its standard input closes. ``managed_endpoint`` hands out one server per (interpreter, ID) per process. Under Ray
@@ -19,14 +18,11 @@ import subprocess
 import tempfile
 import threading
 import time
-from itertools import islice
 from pathlib import Path
 from typing import Any
 
-from env_registry.datasets import iter_split
 from env_registry.errors import EnvServerUnavailable, Error
-from env_registry.registry import registry
-from env_registry.remote import check_server
+from env_registry.serving.urls import check_server
 from molt_envs.remote_env import TIMEOUT_S, Endpoint
 
 START_TIMEOUT_S = float(os.environ.get("MOLT_ENV_START_TIMEOUT_S", "120"))
@@ -35,50 +31,19 @@ MAX_RESTARTS = 20  # per server and process: past this, its episodes fail as rem
 READY = re.compile(r" at (https?://\S+?)/(\S+) \(")
 _LEAVE_OUT_OF_CHILD = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
 
-log = logging.getLogger("env_registry.env_servers")
-
-
-def serve_env(
-    env_id: str,
-    host: str = "127.0.0.1",
-    port: int = 0,
-    max_episodes: int | None = None,
-    exit_on_stdin_eof: bool = False,
-) -> None:
-    """Serve ``env_id``, registered in this interpreter, until interrupted; prints one line with its URL once it
-    accepts episodes (``port=0`` picks a free port).
-
-    Raises:
-        Error: the ID does not resolve here, or its entry point cannot be loaded (checked before listening).
-        OSError: the address cannot be bound.
-    """
-    from molt_envs.env_protocol import PROTOCOL
-    from molt_envs.env_server import ServedEnv, create_app, serve
-
-    spec, make = registry.factory(env_id)  # imports the env now: a broken package fails here, not per episode
-    served = ServedEnv(
-        env_id=spec.id,
-        kind=spec.kind,
-        factory=make,
-        spec=spec.model_dump(mode="json"),
-        spec_hash=spec.hash,
-        rows=lambda split, limit: islice(iter_split(spec, split), limit),
-        splits=list(spec.datasets),
-    )
-    app = create_app([served], max_episodes=max_episodes)
-    limit = f", at most {max_episodes} episodes at once" if max_episodes else ""
-
-    def ready(base_url: str) -> None:
-        print(f"molt-env serve-env: serving {spec.id} at {base_url}/{spec.id} ({PROTOCOL}{limit})", flush=True)
-
-    serve(app, host, port, on_ready=ready, exit_on_stdin_eof=exit_on_stdin_eof)
+log = logging.getLogger("env_registry.serving.managed_servers")
 
 
 class ManagedServer:
-    """``serve-env ENV_ID`` under ``python``, started by this process. ``where`` names it in errors."""
+    """``serve-env ENV_ID`` under ``python``, started by this process. ``where`` names it in errors; ``serve_as`` is
+    the ID given to ``serve-env`` when it differs from the ID served (``rg:countdown?min_numbers=3`` serves
+    ``rg:countdown``)."""
 
-    def __init__(self, python: str, env_id: str, where: str, expected_hash: str | None = None) -> None:
+    def __init__(
+        self, python: str, env_id: str, where: str, expected_hash: str | None = None, serve_as: str | None = None
+    ) -> None:
         self.python, self.env_id, self.where, self.expected_hash = python, env_id, where, expected_hash
+        self.serve_as = serve_as or env_id
         self.process: subprocess.Popen | None = None
         self.base_url: str | None = None
         self.metadata: Any = None  # the server's molt_envs.env_protocol.Metadata, once started
@@ -93,7 +58,7 @@ class ManagedServer:
         Raises:
             EnvServerUnavailable: it did not start (the log's tail says why), or it serves another spec hash.
         """
-        cmd = [self.python, "-m", "env_registry.cli", "serve-env", self.env_id, "--port", "0", "--exit-on-stdin-eof"]
+        cmd = [self.python, "-m", "env_registry.cli", "serve-env", self.serve_as, "--port", "0", "--exit-on-stdin-eof"]
         env = {k: v for k, v in os.environ.items() if k not in _LEAVE_OUT_OF_CHILD}
         with self.log_path.open("ab") as log_file:
             try:
@@ -108,8 +73,8 @@ class ManagedServer:
         while not found and self.process.poll() is None and time.monotonic() < deadline:
             time.sleep(0.05)
         if not found:
+            why = "exited" if self.process.poll() is not None else f"did not answer within {START_TIMEOUT_S:g} s"
             self.stop()
-            why = "exited" if self.process.returncode is not None else f"did not answer within {START_TIMEOUT_S:g} s"
             raise EnvServerUnavailable(
                 f"the env server of {self.where} {why} (`{' '.join(cmd)}`); its log ({self.log_path}) ends:\n"
                 + self.log_tail()
@@ -227,16 +192,19 @@ _ENDPOINTS: dict[tuple[str, str], ManagedEndpoint] = {}
 _ENDPOINTS_LOCK = threading.Lock()
 
 
-def managed_endpoint(python: str, env_id: str, where: str, expected_hash: str | None = None) -> ManagedEndpoint:
-    """The endpoint of this process's server for ``env_id`` under ``python``, started on first use.
+def managed_endpoint(
+    python: str, env_id: str, where: str, expected_hash: str | None = None, serve_as: str | None = None
+) -> ManagedEndpoint:
+    """The endpoint of this process's server for ``env_id`` (given to ``serve-env`` as ``serve_as``) under ``python``,
+    started on first use.
 
     Raises:
         EnvServerUnavailable: the server does not start (see ``ManagedServer.start``).
     """
-    key = (python, env_id)
+    key = (python, serve_as or env_id)
     with _ENDPOINTS_LOCK:
         if key not in _ENDPOINTS:
-            server = ManagedServer(python, env_id, where, expected_hash)
+            server = ManagedServer(python, env_id, where, expected_hash, serve_as)
             server.start()
             _ENDPOINTS[key] = ManagedEndpoint(server)
         return _ENDPOINTS[key]

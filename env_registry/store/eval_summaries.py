@@ -18,11 +18,12 @@ import sqlalchemy as sa
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from sqlalchemy.engine import Engine
 
-from env_registry import database, names
-from env_registry.database import evals
 from env_registry.errors import Error
 from env_registry.ids import parse_env_id
-from env_registry.records import Conflict, EvalRecord, ReleaseInfo
+from env_registry.packages import names
+from env_registry.store import database
+from env_registry.store.database import evals
+from env_registry.store.records import Conflict, EvalRecord, ReleaseInfo
 
 MAX_SUMMARY_BYTES = 256 << 10
 PASS_AT_K = re.compile(r"pass@([1-9][0-9]{0,5})")

@@ -6,7 +6,8 @@ runtime (``molt-ecosystem[remote]``: ``molt_envs``, ``env_registry``, ``sandboxe
 dependencies, not torch, ray or the trainer's), starts the env server there once to read each env's spec and spec
 hash, and records all of it in ``install.json`` beside the venv. From then on the registry lists those IDs, and
 ``make(ID)`` / ``runner_for(ID)`` start (and reuse, and stop at exit) a server in that venv
-(``env_registry.env_servers``). A failed install is recorded too, so ``make(ID)`` can say what failed.
+(``env_registry.serving.managed_servers``). A failed install is recorded too, so ``make(ID)`` can say what failed.
+The registry finds both through ``SOURCE``, this module's ``molt.sources`` entry point.
 
 The runtime comes from where this project is installed: a source checkout (an editable install) is built into a
 wheel once per content (cached under ``$MOLT_CACHE/runtime/``); an install from a local wheel reuses that wheel;
@@ -34,7 +35,11 @@ from urllib.parse import unquote, urlsplit
 from pydantic import BaseModel, ValidationError
 
 from env_registry.errors import IsolatedInstallError
+from env_registry.installs.pip import pip_install
+from env_registry.registry import registry
 from env_registry.remote import RemoteEnvSpec
+from env_registry.serving.managed_servers import ManagedServer, managed_endpoint
+from env_registry.sources import Source
 
 PROJECT = "molt-ecosystem"
 RUNTIME_EXTRA = "remote"
@@ -79,8 +84,6 @@ def records() -> list[IsolatedInstall]:
 
 def served_specs(record: IsolatedInstall) -> list[RemoteEnvSpec]:
     """The specs of an installed record, each reaching its server (started on first use) in the record's venv."""
-    from env_registry.env_servers import managed_endpoint
-
     specs = []
     for env_id in record.env_ids:
 
@@ -97,9 +100,6 @@ def install_release(info: Any, wheel: Path) -> IsolatedInstall:
     Raises:
         IsolatedInstallError: the venv, pip or the env server failed (recorded as a failed install).
     """
-    from env_registry.env_servers import ManagedServer
-    from env_registry.install import pip_install
-
     root = cache_dir() / "isolated" / f"{info.package}-{info.version}"
     venv = root / "venv"
     record = IsolatedInstall(
@@ -133,8 +133,6 @@ def install_release(info: Any, wheel: Path) -> IsolatedInstall:
         ) from None
     record.status = "installed"
     _write(root, record)
-    from env_registry.registry import registry
-
     for spec in served_specs(record):  # make(ID) works in this process from now on
         registry.add_served(spec)
     return record
@@ -212,3 +210,22 @@ def install_of(env_id: str) -> IsolatedInstall | None:
 def failed_install(env_id: str) -> IsolatedInstall | None:
     """The failed isolated install that was to provide ``env_id``, if there is one."""
     return next((r for r in records() if r.status == "failed" and env_id in r.env_ids), None)
+
+
+class IsolatedInstalls(Source):
+    """The ``molt.sources`` entry of isolated installs: their IDs, and why one that failed is missing."""
+
+    def listed(self) -> list[RemoteEnvSpec]:
+        return [spec for record in records() if record.status == "installed" for spec in served_specs(record)]
+
+    def missing(self, env_id: str) -> Exception | None:
+        failed = failed_install(env_id)
+        if failed is None:
+            return None
+        return IsolatedInstallError(
+            f"{env_id!r} was to come from {failed.where}, which failed: {failed.error}; fix it and "
+            f"run `molt-env install {env_id} --isolated` again"
+        )
+
+
+SOURCE = IsolatedInstalls()

@@ -11,7 +11,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from env_registry.errors import Error
-from env_registry.store import Conflict, Forbidden, NotFound
+from env_registry.store.local import Conflict, Forbidden, NotFound
 
 SESSION_COOKIE = "molt_session"
 TOKEN_NEEDED = (

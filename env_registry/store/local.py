@@ -3,7 +3,7 @@
 This is the local directory registry (``--registry DIR``) and also the storage of the registry server, so both
 follow the same rules: versions are immutable, identical content under a new version is refused unless asked for,
 an env ID belongs to one package, yanked versions resolve only by exact pin. The database is the SQLite file
-``<root>/registry.db`` unless ``db`` names a PostgreSQL database (``env_registry.database``). A publish checks those
+``<root>/registry.db`` unless ``db`` names a PostgreSQL database (``env_registry.store.database``). A publish checks those
 rules and moves its files into place inside one transaction holding the registry's write lock, so concurrent
 publishers (threads, processes, server replicas) serialize: one wins, the others get a ``Conflict`` naming what
 they collided with.
@@ -24,15 +24,16 @@ import sqlalchemy as sa
 from packaging.version import Version
 from sqlalchemy.engine import Connection
 
-from env_registry import database, names, queries
-from env_registry.artifacts import InvalidArtifact, Release, file_sha256, read_readme
-from env_registry.credentials import TOKEN_PREFIX, Credentials
-from env_registry.database import env_ids as env_ids_table
-from env_registry.database import files, packages, releases
 from env_registry.errors import Error
-from env_registry.eval_summaries import EvalSummaries
 from env_registry.ids import parse_env_id
-from env_registry.records import (
+from env_registry.packages import names
+from env_registry.packages.artifacts import InvalidArtifact, Release, file_sha256, read_readme
+from env_registry.store import database, queries
+from env_registry.store.credentials import TOKEN_PREFIX, Credentials
+from env_registry.store.database import env_ids as env_ids_table
+from env_registry.store.database import files, packages, releases
+from env_registry.store.eval_summaries import EvalSummaries
+from env_registry.store.records import (
     Conflict,
     EnvIdInfo,
     EvalRecord,
@@ -43,7 +44,7 @@ from env_registry.records import (
     ReleaseInfo,
     TokenInfo,
 )
-from env_registry.validation_states import GATED, PENDING, ValidationStates, resolvable
+from env_registry.store.validation_states import GATED, PENDING, ValidationStates, resolvable
 
 
 class IndexLink(NamedTuple):

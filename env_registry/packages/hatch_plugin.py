@@ -21,7 +21,7 @@ from typing import Any
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
 from hatchling.plugin import hookimpl
 
-from env_registry.build import read_source
+from env_registry.packages.build import read_source
 from env_registry.registry import MANIFEST_METADATA_PATH
 
 

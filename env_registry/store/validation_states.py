@@ -22,10 +22,10 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from env_registry import database
-from env_registry.database import releases
 from env_registry.errors import Error
-from env_registry.records import ReleaseInfo
+from env_registry.store import database
+from env_registry.store.database import releases
+from env_registry.store.records import ReleaseInfo
 
 PENDING, PASSED, FAILED = "pending", "passed", "failed"
 GATED = (PENDING, FAILED)  # not resolvable, not on the simple index

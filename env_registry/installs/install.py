@@ -2,26 +2,24 @@
 
 The registry resolves the ID (newest non-yanked version, or the exact ``@pin``); the wheel is downloaded and its
 sha256 compared with the registry's index before pip sees it; then pip installs that local file into this
-interpreter (or ``--python``), or with ``isolated`` into a venv of its own (``env_registry.isolated``). pip is never
+interpreter (or ``--python``), or with ``isolated`` into a venv of its own (``env_registry.installs.isolated``). pip is never
 given the registry as an index, so the package's dependencies come from pip's own configuration (PyPI by default)
 and nothing published here can stand in for one of them.
 """
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from env_registry import names
-from env_registry.artifacts import file_sha256
-from env_registry.client import RegistryClient
 from env_registry.errors import HashMismatch, InstallError
 from env_registry.ids import parse_env_id
-from env_registry.store import LocalRegistry, ReleaseInfo
-
-PIP_TIMEOUT_S = 900
+from env_registry.installs.isolated import install_release
+from env_registry.installs.pip import pip_install
+from env_registry.packages import names
+from env_registry.packages.artifacts import file_sha256
+from env_registry.store.client import RegistryClient
+from env_registry.store.local import LocalRegistry, ReleaseInfo
 
 
 def install(
@@ -33,7 +31,7 @@ def install(
         env_id: the ID to install, optionally pinned to a package version.
         registry: where to resolve and fetch it.
         python: the interpreter to install into (default: this one); not with ``isolated``.
-        isolated: install into a venv of its own under the cache, served from there (``env_registry.isolated``).
+        isolated: install into a venv of its own under the cache, served from there (``env_registry.installs.isolated``).
 
     Raises:
         InstallError: the registry's answer is not a wheel of a release providing the ID, or pip failed.
@@ -62,31 +60,7 @@ def install(
                 f"{wheel.sha256}; refusing to install it (the file was changed after publishing)"
             )
         if isolated:
-            from env_registry.isolated import install_release
-
             install_release(info, path)
         else:
             pip_install([str(path)], f"{info.package} {info.version}", python=python)
     return info
-
-
-def pip_install(requirements: list[str], what: str, python: str | None = None, into: str | None = None) -> None:
-    """``python -m pip install REQUIREMENTS`` (``python``: this interpreter by default; ``into``: the interpreter
-    of a venv without pip of its own, which this pip installs into); raises ``InstallError`` naming ``what``."""
-    # into a fresh venv: no byte-compiling (a third of pip's time there; Python compiles on first import instead)
-    cmd = [
-        python or sys.executable,
-        "-m",
-        "pip",
-        *(["--python", into, "install", "--no-compile"] if into else ["install"]),
-    ]
-    cmd += ["--disable-pip-version-check", "--no-input", *requirements]
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S)
-    except FileNotFoundError:
-        raise InstallError(f"python interpreter {cmd[0]!r} not found; pass --python /path/to/bin/python") from None
-    except subprocess.TimeoutExpired:
-        raise InstallError(f"installing {what}: `{' '.join(cmd)}` took longer than {PIP_TIMEOUT_S} s") from None
-    if proc.returncode != 0:
-        tail = (proc.stdout + proc.stderr).strip().splitlines()[-20:]
-        raise InstallError(f"installing {what}: `{' '.join(cmd)}` failed (exit {proc.returncode}):\n" + "\n".join(tail))

@@ -9,8 +9,8 @@ what differs is confined to this module:
   and writes its rows under it, so concurrent publishers (threads, processes, replicas) can never both win.
 - **Every write advances a change stamp** (the one row of ``changes``, in the write's own transaction): ``content``
   for what the index, the API and the pages show, ``downloads`` for the install counts. A server's page cache
-  (``env_registry.page_cache``) reads them per request, so every replica sees a write the moment it commits.
-- **Migrations run at start-up** (alembic, ``env_registry/migrations/versions``), under the same lock, so two
+  (``env_registry.hub.page_cache``) reads them per request, so every replica sees a write the moment it commits.
+- **Migrations run at start-up** (alembic, ``env_registry/store/migrations/versions``), under the same lock, so two
   replicas starting at once migrate once. A SQLite registry made before migrations existed holds exactly the
   schema of revision 0001: it is stamped with that revision and upgraded from there.
 """

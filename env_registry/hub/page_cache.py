@@ -2,14 +2,14 @@
 the hub's package page), replayed without running the route while the registry database has not changed.
 
 - **Always current, across workers and replicas.** Every write that changes what is shown advances a change stamp in
-  the database, in its own transaction (``env_registry.database``: ``content`` for publish, yank, validation
+  the database, in its own transaction (``env_registry.store.database``: ``content`` for publish, yank, validation
   verdicts and eval summaries; ``downloads`` for install counts). Each request reads the stamps (one primary-key
   row) before anything else, and an entry is replayed only under the stamps it was rendered at; so once a write's
   response has reached its client, no worker or replica of any process on that database serves the page from
   before it. On PostgreSQL the read goes over one asynchronous connection per process, and requests that arrive
   while a read is in flight share the next one (which starts after they arrived: still current for each).
 - **Keyed on who asks.** The key holds the path, query, host, scheme and root path, and the principal the auth rule
-  establishes (``env_registry.access.principal``: the hub session's publisher, or on a private server the token's):
+  establishes (``env_registry.hub.access.principal``: the hub session's publisher, or on a private server the token's):
   one reader's page is never replayed to another. A request the auth rule refuses, or whose stamp read fails, goes
   to the route uncached.
 - **Visible.** A replayed answer carries ``X-Cache: hit``, one the route rendered ``X-Cache: miss``.
@@ -29,9 +29,9 @@ from fastapi.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from env_registry.access import SESSION_COOKIE, principal
 from env_registry.errors import Error
-from env_registry.store import LocalRegistry
+from env_registry.hub.access import SESSION_COOKIE, principal
+from env_registry.store.local import LocalRegistry
 
 STAMP_SQL = "SELECT content, downloads FROM changes WHERE id = 1"
 # path prefix -> which stamps its answers depend on (0: content, 1: downloads); ReleaseInfo and the package page

@@ -22,9 +22,9 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from env_registry import names
 from env_registry.errors import InvalidArtifact, ManifestError
 from env_registry.manifest import EnvManifest, manifests_from_pyproject
+from env_registry.packages import names
 from env_registry.registry import ENTRY_POINT_GROUP, MANIFEST_METADATA_PATH
 
 MAX_METADATA_BYTES = 1 << 20

@@ -13,9 +13,10 @@ import time
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from env_registry import database, names
-from env_registry.database import sessions, tokens
-from env_registry.records import NotFound, TokenInfo
+from env_registry.packages import names
+from env_registry.store import database
+from env_registry.store.database import sessions, tokens
+from env_registry.store.records import NotFound, TokenInfo
 
 TOKEN_PREFIX = "molt_"
 SESSION_SECONDS = 12 * 3600

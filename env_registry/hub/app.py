@@ -1,6 +1,6 @@
 """``molt-env serve``: the registry server, a ``LocalRegistry`` behind FastAPI.
 
-- The hub: server-rendered pages for people (``env_registry.hub``): search, a page per package, an env card per
+- The hub: server-rendered pages for people (``env_registry.hub.pages``): search, a page per package, an env card per
   env ID. ``--private`` pages need a login (a token, exchanged for an HttpOnly session cookie).
 - JSON API under ``/api/``: packages, versions, env IDs, manifests, hashes, yanked state; publishing and yanking
   need a token (``Authorization: Bearer <token>``, or HTTP Basic with the token as password, which is what pip
@@ -38,13 +38,13 @@ from pydantic import BaseModel, Field
 from starlette.datastructures import Headers
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from env_registry import names
-from env_registry.access import STATUS, TOKEN_NEEDED, Publisher, Reader
-from env_registry.artifacts import InvalidArtifact, inspect_release
 from env_registry.errors import Error
-from env_registry.eval_summaries import MAX_SUMMARY_BYTES, parse_summary
-from env_registry.page_cache import PageCache
-from env_registry.store import (
+from env_registry.hub.access import STATUS, TOKEN_NEEDED, Publisher, Reader
+from env_registry.hub.page_cache import PageCache
+from env_registry.packages import names
+from env_registry.packages.artifacts import InvalidArtifact, inspect_release
+from env_registry.store.eval_summaries import MAX_SUMMARY_BYTES, parse_summary
+from env_registry.store.local import (
     EnvIdInfo,
     EvalRecord,
     IndexLink,
@@ -98,7 +98,7 @@ def create_app(
     Raises:
         DatabaseError: ``db`` is not a usable database URL.
     """
-    from env_registry.hub import hub_router
+    from env_registry.hub.pages import hub_router
 
     registry = LocalRegistry(root, label="this registry", db=db)
     app = FastAPI(title="molt env registry", version="1")
@@ -331,7 +331,7 @@ def serve(
         config = {"root": str(root), "private": private, "max_upload_bytes": max_upload_bytes, "db": db}
         os.environ[WORKER_CONFIG] = json.dumps({**config, "validate": validate})  # read by app_from_environment
         uvicorn.run(
-            "env_registry.server:app_from_environment",
+            "env_registry.hub.app:app_from_environment",
             factory=True,
             host=host,
             port=port,

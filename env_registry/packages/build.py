@@ -18,10 +18,10 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-from env_registry import names
-from env_registry.artifacts import Release, check_entry_points, inspect_release
 from env_registry.errors import BuildError, ManifestError
 from env_registry.manifest import ENTRY_POINT_GROUP, EnvManifest, pyproject_manifests
+from env_registry.packages import names
+from env_registry.packages.artifacts import Release, check_entry_points, inspect_release
 
 BUILD_TIMEOUT_S = 600
 

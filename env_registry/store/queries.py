@@ -5,8 +5,8 @@
 
 import sqlalchemy as sa
 
-from env_registry.database import env_ids as env_ids_table
-from env_registry.database import files, packages, releases
+from env_registry.store.database import env_ids as env_ids_table
+from env_registry.store.database import files, packages, releases
 
 INDEX_LINKS = (
     sa.select(

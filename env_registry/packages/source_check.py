@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from env_registry.build import read_source
 from env_registry.errors import Error
+from env_registry.packages.build import read_source
 
 CHECK_TIMEOUT_S = 300
 
@@ -23,7 +23,7 @@ def check_source(root: str | Path) -> tuple[bool, str]:
     except Error as exc:
         return False, f"manifest check failed for {root}:\n  {exc}"
     header = f"manifest OK: {source.name} {source.version} provides {', '.join(m.id for m in source.manifests)}"
-    cmd = [sys.executable, "-m", "env_registry.source_check", str(source.root)]
+    cmd = [sys.executable, "-m", "env_registry.packages.source_check", str(source.root)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=CHECK_TIMEOUT_S)
     except subprocess.TimeoutExpired:

@@ -1,5 +1,5 @@
 """alembic's entry point for the registry's migrations: always handed an open connection by
-``env_registry.database.migrate`` (which holds the registry's write lock around it)."""
+``env_registry.store.database.migrate`` (which holds the registry's write lock around it)."""
 
 from alembic import context
 

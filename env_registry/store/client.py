@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
-from env_registry.artifacts import Release
 from env_registry.errors import Error
-from env_registry.eval_summaries import parse_summary
-from env_registry.store import (
+from env_registry.packages.artifacts import Release
+from env_registry.store.eval_summaries import parse_summary
+from env_registry.store.local import (
     Conflict,
     EvalRecord,
     FileInfo,
@@ -32,7 +32,7 @@ ERRORS: dict[int, type[Error]] = {401: Forbidden, 403: Forbidden, 404: NotFound,
 
 
 class RegistryClient:
-    """The JSON API of a registry server (see ``env_registry.server``)."""
+    """The JSON API of a registry server (see ``env_registry.hub.app``)."""
 
     def __init__(self, url: str, token: str | None = None) -> None:
         self.url = url.rstrip("/")

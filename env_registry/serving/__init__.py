@@ -1,0 +1,5 @@
+"""Envs behind env servers: ``molt-env serve-env``, the servers this process starts in other interpreters
+(isolated installs), and env servers by URL (the ``http``/``https`` ID schemes, ``SOURCE`` in ``urls``).
+
+May import: the top of ``env_registry`` and ``molt_envs``. Never ``installs``, ``store`` or the rooms above.
+"""
