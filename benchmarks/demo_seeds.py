@@ -5,14 +5,20 @@ figures (per seed, then min / median / max of RL's gain over the SFT baseline, f
 Run: ``.venv/bin/python benchmarks/demo_seeds.py`` (about 5 minutes a seed on 2 quiet cores). A seed whose
 ``result.json`` exists under ``--output_dir`` is read, not rerun (``--rerun`` to run it again), so an interrupted
 study continues where it stopped.
+
+``--smoke`` (what ``make test`` runs, tests/test_benchmarks_smoke.py): one seed of ``SMOKE_RECIPE`` (the recipe at
+tiny sizes: 2 SFT steps of a 32-wide model, 2 RL steps of 4 x 4 samples, 16 test rows) in a temporary directory,
+the table printed and written nowhere; figures meaningless.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
+import tempfile
 from pathlib import Path
 
 from molt_train.demo import Recipe, run
@@ -21,6 +27,22 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = (ROOT / "docs" / "demo.md", ROOT / "benchmarks" / "README.md")
 BEGIN, END = "<!-- demo-seeds:begin -->", "<!-- demo-seeds:end -->"
 BAR_BASELINE, BAR_START = 15.0, 20.0  # points RL must gain over the SFT baseline and over its start
+# `--smoke` (and staleness_ab.py's): the demo's code path at tiny sizes, in seconds
+SMOKE_RECIPE = dataclasses.replace(
+    Recipe(),
+    demos=16,
+    sft_start=2,
+    sft_steps=2,
+    eval_every=2,
+    rl_steps=2,
+    rl_eval_every=2,
+    eval_rows=16,
+    sft_flags=("--model.config", "tiny", "--model.hidden_size", "32", "--train.batch_size", "16"),
+    rl_flags=(
+        "--algo.advantage.estimator", "grpo", "--rollout.n_samples_per_prompt", "4", "--rollout.batch_size", "4",
+        "--actor.adam.lr", "1e-3", "--train.force_sync_mode",
+    ),
+)  # fmt: skip
 
 
 def table(results: list[dict]) -> str:
@@ -67,7 +89,20 @@ def main() -> None:
     parser.add_argument("--output_dir", default="runs/demo_seeds")
     parser.add_argument("--rerun", action="store_true", help="run seeds that already have a result.json again")
     parser.add_argument("--no-doc", dest="doc", action="store_false", help="print the table only")
+    parser.add_argument(
+        "--smoke", action="store_true", help="one seed of SMOKE_RECIPE, seconds, nothing written: the code path"
+    )
     args = parser.parse_args()
+    if args.smoke:
+        args.seeds, args.rerun, args.doc = args.seeds[:1], True, False
+        with tempfile.TemporaryDirectory(prefix="demo-seeds-smoke-") as tmp:
+            args.output_dir = tmp
+            study(args, SMOKE_RECIPE)
+    else:
+        study(args, Recipe())
+
+
+def study(args: argparse.Namespace, recipe: Recipe) -> None:
     results = []
     for seed in args.seeds:
         out = Path(args.output_dir) / f"seed{seed}"
@@ -75,7 +110,7 @@ def main() -> None:
         if saved.is_file() and not args.rerun:
             results.append(json.loads(saved.read_text()))
         else:
-            results.append(run(Recipe(), out, seed, progress=False))
+            results.append(run(recipe, out, seed, progress=False))
         r = results[-1]
         print(
             f"seed {seed}: start {r['sft_start']['accuracy']:.1%}  baseline {r['baseline']['accuracy']:.1%}  "

@@ -19,6 +19,9 @@ same requests. ``--use-n`` measures the ``n`` design instead: the eval with one 
 plain loop making that same request (one session, one completion with ``n=4``, one delete per prompt).
 
     .venv/bin/python benchmarks/eval_bench.py [--levels 1 16 64] [--samples 128] [--repeats 2] [--use-n]
+
+``--smoke`` (what ``make test`` runs, tests/test_benchmarks_smoke.py): 8 samples at 1 and 4 concurrent, one repeat, 2
+new tokens: the request check, both sides and the ratio in seconds, figures meaningless.
 """
 
 from __future__ import annotations
@@ -173,7 +176,10 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--max-new-tokens", type=int, default=8)
     parser.add_argument("--use-n", action="store_true", help="both sides: one request with n per prompt")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the code path, not the figures")
     args = parser.parse_args()
+    if args.smoke:
+        args.levels, args.samples, args.repeats, args.max_new_tokens = [1, 4], 8, 1, 2
 
     from env_registry.evaluation import EvalSettings, load_tasks
     from env_registry.mix import parse_env_mix

@@ -18,6 +18,9 @@ costs the machine. PostgreSQL is a throwaway cluster
 started by the bench (``tests/env_registry/pg_cluster.py``), unless ``--pg-url`` names one.
 
     .venv/bin/python benchmarks/registry_bench.py [--backends sqlite postgresql] [--requests 3000] [--workers 1]
+
+``--smoke`` (what ``make test`` runs, tests/test_benchmarks_smoke.py): both backends, 2 packages x 1 version, 40
+requests per row at 1 and 4 clients; the same rows and ratios, figures meaningless.
 """
 
 from __future__ import annotations
@@ -161,7 +164,7 @@ def bench_backend(backend: str, args: argparse.Namespace, releases: list, workdi
         for concurrency in args.concurrency:
             floor = None
             for label, paths in endpoints.items():
-                count = args.requests if concurrency > 1 else max(args.requests // 4, 200)
+                count = args.requests if concurrency > 1 else max(args.requests // 4, min(args.requests, 200))
                 cpu_before, client_before = tree_cpu(process.pid), time.process_time()
                 db_before = tree_cpu(postmaster) if postmaster else 0.0
                 wall, latencies = asyncio.run(drive(url, paths, concurrency, count))
@@ -185,6 +188,8 @@ def bench_backend(backend: str, args: argparse.Namespace, releases: list, workdi
                     ]
                 )
                 print(" | ".join(rows[-1]), flush=True)
+            ratios = ", ".join(f"{row[1]} {row[9]}x" for row in rows[-len(endpoints) + 1 :])
+            print(f"ratio req/s vs /api/health, {backend}, {concurrency} clients: {ratios}", flush=True)
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -202,7 +207,10 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--workers", type=int, default=1, help="molt-env serve --workers")
     parser.add_argument("--pg-url", help="an existing PostgreSQL database instead of a throwaway cluster")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the code path, not the figures")
     args = parser.parse_args()
+    if args.smoke:
+        args.packages, args.versions, args.requests, args.concurrency = 2, 1, 40, [1, 4]
     print(f"load before: {os.getloadavg()}; cores: {os.cpu_count()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="molt-registry-bench-") as tmp:
         workdir = Path(tmp)

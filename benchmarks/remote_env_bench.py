@@ -12,6 +12,9 @@ timed on the client; "added p50" is remote p50 minus in-process p50 at the same 
 episode's WebSocket handshake plus its reset. CPU per step: the client process's CPU time over the run
 (``time.process_time``), and the server process's (``/proc/PID/stat``, 10 ms ticks), each divided by the steps;
 unlike wall-clock figures these barely move when other work shares the cores.
+
+``--smoke`` (what ``make test`` runs, tests/test_benchmarks_smoke.py): 1 and 4 episodes of 3 steps at 5 ms and 0 ms
+generations; the same rows and comparisons in a few seconds, figures meaningless.
 """
 
 from __future__ import annotations
@@ -116,7 +119,10 @@ def main() -> None:
         "--gen-ms", type=float, nargs="+", default=[1000.0, 200.0, 0.0], help="generation time per turn"
     )
     parser.add_argument("--url", help="bench this running server instead of starting one (no server CPU figure)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the code path, not the figures")
     args = parser.parse_args()
+    if args.smoke:
+        args.episodes, args.steps, args.gen_ms = [1, 4], 3, [5.0, 0.0]
 
     process, url = (None, args.url) if args.url else start_server(args.env)
     try:
@@ -133,7 +139,8 @@ def main() -> None:
                 rows += [here, there]
                 print(
                     f"gen {gen_ms:g} ms, {episodes} episodes: added p50 {there['added_p50_ms']:.3f} ms "
-                    f"(remote {there['p50_ms']:.3f}, in process {here['p50_ms']:.3f})",
+                    f"(remote {there['p50_ms']:.3f}, in process {here['p50_ms']:.3f}); ratio steps/s remote / in "
+                    f"process {there['steps_per_s'] / here['steps_per_s']:.3f}x",
                     file=sys.stderr,
                     flush=True,
                 )

@@ -18,6 +18,11 @@ instead runs only tier (b) twice over, side by side: one warm pool whose jails r
 version of sandboxes/injail/, e.g. `git archive REV sandboxes/injail | tar -x --strip-components=2 -C DIR`) and one
 running the current ones, `--blocks` blocks of `--n` sequential calls each, alternated; each side's p50 and CPU
 ms/call, and how many blocks the current code won.
+
+    .venv/bin/python benchmarks/sandbox_bench.py --smoke [--ab-injail DIR]
+
+(what `make test` runs, tests/test_benchmarks_smoke.py): n=10, 2 calls in flight, 1 worker (2 blocks with
+--ab-injail): every tier and the ratio line in seconds, figures meaningless.
 """
 
 from __future__ import annotations
@@ -201,7 +206,10 @@ async def main() -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2, help="warm workers in our pools")
     parser.add_argument("--ab-injail", metavar="DIR", help="tier (b) only: DIR's in-jail modules vs the current ones")
     parser.add_argument("--blocks", type=int, default=16, help="alternated blocks of --n calls per side (--ab-injail)")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the code path, not the figures")
     args = parser.parse_args()
+    if args.smoke:
+        args.n, args.concurrency, args.workers, args.blocks = 10, 2, 1, 2
     global METER
     METER = CpuMeter()
     report = sandboxes.probe()

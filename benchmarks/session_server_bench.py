@@ -19,7 +19,13 @@ Reported per level, over all calls after a warm-up round:
 - ``server CPU ms/call``: the server process's CPU time (user + system, 10 ms ticks) over the calls, session
   open/delete included, so it errs high; ``calls/s``: chat calls per second of the load generators' wall time.
 
+The last lines give each other wire's handler p50 as a ratio to the openai wire's at the same level (when openai
+is among ``--wire``): the Responses and Anthropic wires against chat completions.
+
     .venv/bin/python benchmarks/session_server_bench.py [--engine-ms 200] [--levels 1 10 100] [--wire openai responses]
+
+``--smoke`` (what ``make test`` runs, tests/test_benchmarks_smoke.py): every wire at 1 and 4 sessions of 2 calls, 2
+client processes, 5 ms per call in the engine: the same rows and ratios in seconds, figures meaningless.
 """
 
 from __future__ import annotations
@@ -42,7 +48,7 @@ REPLY = "Natalia sold 48 / 2 = 24 clips in May, so 48 + 24 = 72 in all. The answ
 def _serve(conn, engine_s: float) -> None:
     """Child process: tiny tokenizer + zero-cost engine + SessionServer; sends its URL, serves until killed."""
     from molt_envs import Generation
-    from molt_envs.session_server import SessionServer
+    from molt_envs.sessions.server import SessionServer
     from molt_train.models.tiny import train_tokenizer
 
     with GSM8K.open() as f:
@@ -168,7 +174,10 @@ def main() -> int:
         help="prepend a system message this long (over INLINE_MAX_CHARS, the tokenizer work goes to the pool)",
     )
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the code path, not the figures")
     args = parser.parse_args()
+    if args.smoke:
+        args.levels, args.turns, args.clients, args.engine_ms = [1, 4], 2, 2, 5.0
     parent, child = mp.get_context("spawn").Pipe()
     server = mp.get_context("spawn").Process(target=_serve, args=(child, args.engine_ms / 1000), daemon=True)
     server.start()
@@ -198,6 +207,12 @@ def main() -> int:
             f"| {r['handler_p50_ms']:.2f} / {r['handler_p99_ms']:.2f} "
             f"| {r['client_p50_ms']:.2f} / {r['client_p99_ms']:.2f} | {r['calls_per_s']:.0f} |"
         )
+    base = {r["sessions"]: r["handler_p50_ms"] for r in rows if r["wire"] == "openai"}
+    for sessions, p50 in base.items():
+        others = [r for r in rows if r["sessions"] == sessions and r["wire"] != "openai"]
+        if others:
+            ratios = ", ".join(f"{r['wire']} {r['handler_p50_ms'] / p50:.2f}x" for r in others)
+            print(f"handler p50 ratio to openai at {sessions} sessions: {ratios}")
     return 0
 
 

@@ -21,6 +21,10 @@ threads; molt (``--train.force_sync_mode``) alternates its rollout worker and it
 Each seed (``--seeds``) runs molt, then TRL with that molt run's seconds as its budget, both with that seed (a
 single run's accuracy swings widely with the seed at this size); the table shows each seed and the means, and the
 ratio of the mean samples/s.
+
+``--smoke`` (what ``make test`` runs, tests/test_benchmarks_smoke.py): the same path at tiny sizes in a temporary
+directory (a 4-step SFT start, one seed, 2 molt steps of 4 prompts x 4 samples, TRL on that budget, 16 test rows):
+both sides, the judge and the ratio lines in under a minute; figures meaningless.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import platform
 import shutil
 import statistics
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -39,12 +44,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # trl_baseline, when run as a script
 
 ENV = "molt/arith-v1"
+SFT_STEPS = 400  # the start checkpoint's SFT steps (~26% held-out on molt/arith-v1)
 
 
-def build_init(out: Path, threads: int) -> Path:
-    """The shared starting checkpoint: ``molt-train demo``'s SFT step (400 steps from scratch, ~26% held-out)."""
+def build_init(out: Path, threads: int, sft_steps: int = SFT_STEPS) -> Path:
+    """The shared starting checkpoint: a tiny Qwen2 from scratch with ``molt-train demo``'s SFT model and optimizer
+    flags (``Recipe.sft_flags``: 128 wide, 2 layers, batch 64, lr 3e-3), ``sft_steps`` steps on ``molt/arith-v1``'s
+    whole train split."""
     from molt_train import sft_cli
-    from molt_train.demo import SFT_FLAGS
+    from molt_train.demo import Recipe
 
     hf = out / "sft" / "hf"
     if not (hf / "config.json").exists():
@@ -56,15 +64,15 @@ def build_init(out: Path, threads: int) -> Path:
                 "42",
                 "--ray.num_cpus",
                 str(threads),
-                "--rollout.max_new_tokens",
-                "5",
                 "--no-logger.progress",
                 "--eval.max_samples",
                 "0",
                 "--ckpt.output_dir",
                 str(out / "sft"),
+                "--train.num_steps",
+                str(sft_steps),
             ]
-            + SFT_FLAGS
+            + list(Recipe().sft_flags)
         )
         _stop_ray()
     return hf
@@ -187,9 +195,20 @@ def main() -> int:
     )
     parser.add_argument("--eval_rows", type=int, default=512, help="held-out test rows judged")
     parser.add_argument("--out", default="runs/trainer_vs_trl")
+    parser.add_argument(
+        "--smoke", action="store_true", help="tiny sizes in a temporary directory, seconds: the code path, not figures"
+    )
     args = parser.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    if not args.smoke:
+        return compare(args, SFT_STEPS)
+    args.steps, args.seeds, args.prompts_per_step, args.samples_per_prompt, args.eval_rows = 2, args.seeds[:1], 4, 4, 16
+    with tempfile.TemporaryDirectory(prefix="trainer-vs-trl-smoke-") as tmp:
+        args.out = tmp  # never the real run's directory: its cached start checkpoint is reused by later runs
+        return compare(args, sft_steps=4)
 
+
+def compare(args: argparse.Namespace, sft_steps: int) -> int:
     import torch
     from trl_baseline import greedy_accuracy, run_trl
 
@@ -200,7 +219,7 @@ def main() -> int:
     torch.set_num_threads(args.threads)
     out = Path(args.out).resolve()
     start = time.perf_counter()
-    init = build_init(out, args.threads)
+    init = build_init(out, args.threads, sft_steps)
     spec = env_registry.spec(ENV)
     train_rows = env_registry.load_split(spec, "train", None)
     test_rows = env_registry.load_split(spec, "test", args.eval_rows)

@@ -242,12 +242,30 @@ def cmd_install(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_ecosystem(args: argparse.Namespace) -> int:
+    """``molt-env ecosystem install SCHEME --with PKG``: the venv of its own an ecosystem's envs run in."""
+    source = for_scheme(f"{args.name}:")
+    if source is None or not hasattr(source, "install"):
+        own = sorted(scheme for s in sources() if hasattr(s, "install") for scheme in s.schemes)
+        raise Error(f"no ecosystem {args.name!r} has a venv of its own; those that do: {', '.join(own) or 'none'}")
+    print(source.install(args.packages))
+    return 0
+
+
 def cmd_serve_env(args: argparse.Namespace) -> int:
     from env_registry.installs.isolated import records
     from env_registry.remote import RemoteEnvSpec
     from env_registry.serving.serve_env import serve_env
     from env_registry.serving.urls import is_url
 
+    if args.protocol == "openenv":
+        return _serve_openenv(args)
+    if args.max_sessions is not None or args.session_timeout is not None:
+        flag = "--max-sessions" if args.max_sessions is not None else "--session-timeout"
+        raise Error(f"{flag} acts on --protocol openenv only; the molt-env/1 protocol takes --max-episodes")
+    if len(args.env_ids) > 1:
+        raise Error(f"--protocol molt-env/1 serves one ID per process, got {args.env_ids}; use --protocol openenv")
+    args.env_id = args.env_ids[0]
     if is_url(args.env_id):
         raise Error(f"{args.env_id} is already served; serve-env takes a registered ID such as ns/name-v1")
     python = args.python
@@ -267,6 +285,33 @@ def cmd_serve_env(args: argparse.Namespace) -> int:
         raise Error(f"--max-episodes must be >= 1, got {args.max_episodes}")
     try:
         serve_env(args.env_id, args.host, args.port, args.max_episodes, exit_on_stdin_eof=args.exit_on_stdin_eof)
+    except OSError as exc:
+        raise Error(str(exc)) from None
+    return 0
+
+
+def _serve_openenv(args: argparse.Namespace) -> int:
+    for flag, value in (("--max-episodes", args.max_episodes), ("--python", args.python)):
+        if value is not None:
+            raise Error(f"{flag} acts on --protocol molt-env/1 only; with --protocol openenv use --max-sessions")
+    try:
+        from env_registry.ecosystems.openenv.server import openenv_app
+    except ImportError as exc:
+        raise Error(f"--protocol openenv needs OpenEnv ({exc}); pip install 'molt-ecosystem[openenv]'") from None
+    from molt_envs.remote.server import serve
+
+    max_sessions = 64 if args.max_sessions is None else args.max_sessions
+    if max_sessions < 1:
+        raise Error(f"--max-sessions must be >= 1, got {max_sessions}")
+    timeout = 600.0 if args.session_timeout is None else args.session_timeout
+    app = openenv_app(args.env_ids, max_sessions=max_sessions, session_timeout_s=timeout if timeout > 0 else None)
+
+    def ready(base_url: str) -> None:
+        where = [f"{base_url}/{i}" for i in args.env_ids] if len(args.env_ids) > 1 else [base_url]
+        print(f"molt-env serve-env: serving {', '.join(args.env_ids)} at {', '.join(where)} (OpenEnv)", flush=True)
+
+    try:
+        serve(app, args.host, args.port, on_ready=ready, exit_on_stdin_eof=args.exit_on_stdin_eof)
     except OSError as exc:
         raise Error(str(exc)) from None
     return 0
@@ -406,10 +451,33 @@ def build_parser() -> argparse.ArgumentParser:
     yan.add_argument("--reason", default="", help="shown to whoever installs it by pin")
     yan.set_defaults(fn=cmd_yank)
 
+    eco = sub.add_parser("ecosystem", help="make the venv of its own an ecosystem's envs run in (verifiers)")
+    eco.add_argument("action", choices=["install"])
+    eco.add_argument("name", help="the ecosystem's ID scheme, e.g. verifiers")
+    eco.add_argument(
+        "--with",
+        dest="packages",
+        action="append",
+        default=[],
+        metavar="PKG",
+        help="a package (requirement or path) to install into it too, e.g. a verifiers taskset package; repeatable",
+    )
+    eco.set_defaults(fn=cmd_ecosystem)
+
     sen = sub.add_parser(
         "serve-env", help="serve an installed env over the env protocol (HTTP + one WebSocket per episode)"
     )
-    sen.add_argument("env_id")
+    sen.add_argument("env_ids", nargs="+", metavar="ENV_ID", help="one ID (several with --protocol openenv)")
+    sen.add_argument(
+        "--protocol",
+        choices=["molt-env/1", "openenv"],
+        default="molt-env/1",
+        help="molt-env/1: token-first, what molt-train uses; openenv: a genuine OpenEnv server (its clients, TRL, ...)",
+    )
+    sen.add_argument("--max-sessions", type=int, help="openenv: sessions at once (default 64); more: CAPACITY_REACHED")
+    sen.add_argument(
+        "--session-timeout", type=float, help="openenv: close a session idle this many seconds (default 600; 0: never)"
+    )
     sen.add_argument("--python", help="serve it from this venv (a directory or its python); isolated installs: theirs")
     sen.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback only)")
     sen.add_argument("--port", type=int, default=8100, help="port to listen on (0: a free one)")

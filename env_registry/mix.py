@@ -21,7 +21,8 @@ from env_registry.sources import for_scheme
 _NUMBER = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?|[+-]?(inf|infinity|nan)", re.IGNORECASE)
 _MODULE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _URL = re.compile(r"https?://", re.IGNORECASE)
-_URL_AUTHORITY = re.compile(r"https?://[^/?]*$", re.IGNORECASE)  # a URL's host with nothing after it yet
+_URL_AUTHORITY = re.compile(r"https?://[^/?:]*$", re.IGNORECASE)  # a URL's host with nothing after it yet
+_PORT = re.compile(r"\d+([/?].*)?")  # a URL's port, and its path or query
 
 
 class InvalidEnvMix(Error, ValueError):
@@ -51,7 +52,7 @@ def split_weight(value: str) -> tuple[str, float | None]:
     head, sep, tail = value.rpartition(":")
     if not sep:
         return value, None
-    if _URL_AUTHORITY.search(head) and tail.isdigit():  # "openenv:http://127.0.0.1:8000": a port, not a weight
+    if _URL_AUTHORITY.search(head) and _PORT.fullmatch(tail):  # "openenv:http://127.0.0.1:8000?seeds=[1]": a port
         return value, None
     if _NUMBER.fullmatch(tail.strip()):
         return head, _positive(float(tail), value)

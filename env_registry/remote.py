@@ -2,7 +2,7 @@
 
 A ``RemoteEnvSpec`` is the server's ``EnvSpec``, whose ``hash`` is the one the server computed, with a way to reach the
 server (``env_registry.serving.urls`` makes them from URLs, ``env_registry.installs.isolated`` from isolated
-installs). ``factory`` makes the client instances (``molt_envs.remote_env``) for the runners; ``rows`` streams a
+installs). ``factory`` makes the client instances (``molt_envs.remote.client``) for the runners; ``rows`` streams a
 split from the server, so a trainer draws prompts without the env package installed. Every failure to use a server
 is an ``EnvServerUnavailable`` naming the server and what to do.
 """
@@ -45,13 +45,13 @@ class RemoteEnvSpec(EnvSpec):
         return self._where
 
     def endpoint(self) -> Any:
-        """The ``molt_envs.remote_env.Endpoint`` of its server (an isolated install's server starts here)."""
+        """The ``molt_envs.remote.client.Endpoint`` of its server (an isolated install's server starts here)."""
         return self._endpoint()
 
 
 def factory(spec: RemoteEnvSpec) -> Callable[[], Any]:
     """A function making a fresh client instance per episode (``RemoteEnv``, or ``RemoteChatAgent``)."""
-    from molt_envs.remote_env import RemoteChatAgent, RemoteEnv
+    from molt_envs.remote.client import RemoteChatAgent, RemoteEnv
 
     endpoint = spec.endpoint()
     cls = RemoteChatAgent if spec.kind == "chat_agent" else RemoteEnv

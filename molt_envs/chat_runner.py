@@ -27,7 +27,7 @@ _BOOT_LOCKS: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Lock] 
 
 async def shared_session_server(engine: Any, tokenizer: Any) -> Any:
     """The running loop's server in front of ``engine`` + ``tokenizer``, started on first use."""
-    from molt_envs.session_server import SessionServer  # fastapi/uvicorn only when a ChatAgent runs
+    from molt_envs.sessions.server import SessionServer  # fastapi/uvicorn only when a ChatAgent runs
 
     loop = asyncio.get_running_loop()
     lock = _BOOT_LOCKS.setdefault(loop, asyncio.Lock())

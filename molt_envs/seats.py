@@ -31,6 +31,7 @@ from typing import Any
 from molt_envs.contract import Env, Result, SamplingParams, StepState
 from molt_envs.engine import Engine
 from molt_envs.runners import Runner, _decode, _encode, render_prompt, render_turn, tokenizer_work
+from molt_envs.scripted import load_callable, random_legal_action, seed_from
 from molt_envs.trajectory import Trajectory
 
 MODES = ("self_play", "vs")
@@ -142,8 +143,6 @@ class Game(ABC):
 
     def scripted(self, policy: str) -> Callable[..., Any]:
         """The callable of a ``"random"`` or ``"pkg.mod:fn"`` policy."""
-        from molt_envs.bridges import load_callable, random_legal_action
-
         return random_legal_action if policy == RANDOM else load_callable(policy, None, "scripted policy")
 
 
@@ -163,8 +162,6 @@ class OneSeatEnv(Env):
         self.game, self.spec = game, game.spec
 
     async def reset(self, state: dict[str, Any]) -> dict[str, Any]:
-        from molt_envs.bridges import seed_from
-
         label = state.get("label")
         seed = seed_from(label)
         model_seat = label.get("model_seat") if isinstance(label, dict) else None
@@ -257,8 +254,6 @@ class SeatRunner(Runner):
         return self.engines[policy]
 
     async def execute(self, prompt, label, sampling_params, max_length, tokenizer, engine, images=None, tools=None):
-        from molt_envs.bridges import seed_from
-
         trajs: list[Trajectory] = []
         stage = ["make"]
         game = None

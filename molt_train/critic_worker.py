@@ -21,7 +21,8 @@ from molt_train.algorithms import value_loss
 from molt_train.policy_worker import _to_device, free_port, join_process_group, lr_factor
 
 if TYPE_CHECKING:
-    from molt_train.config import ActorConfig, CriticConfig
+    from molt_train.config.algo import CriticConfig
+    from molt_train.config.groups import ActorConfig
 
 CRITIC_DIR = "_critic"
 

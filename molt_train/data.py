@@ -17,40 +17,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from env_registry.mix import MixEntry, parse_env_mix
-from molt_train.flags import ConfigError
 
 if TYPE_CHECKING:
-    from molt_train.config import DataConfig, EvalCommandConfig, RLConfig, SFTConfig
+    from molt_train.config.commands import EvalCommandConfig, RLConfig, SFTConfig
+    from molt_train.config.groups import DataConfig
 
 
 def env_mix(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> list[MixEntry]:
     """The run's envs and their normalised weights (empty with ``--data.prompt_dataset`` and no ``--env``)."""
     env = cfg.env
     return parse_env_mix((env,) if isinstance(env, str) else env) if env else []
-
-
-def check_env_mix(cfg: RLConfig | SFTConfig | EvalCommandConfig) -> None:
-    """Make ``cfg.env`` a tuple of ``--env`` values, each a known ID with a valid weight, before anything starts.
-
-    Raises:
-        ConfigError: an unknown or malformed ID, a weight that is not a number > 0, an ID given twice, or a mix
-            combined with a single env's ``--data.prompt_dataset`` / ``--train.agent_path``.
-    """
-    import env_registry
-
-    object.__setattr__(cfg, "env", (cfg.env,) if isinstance(cfg.env, str) else tuple(cfg.env or ()))
-    try:
-        parse_env_mix(cfg.env, resolve=env_registry.spec) if cfg.env else None
-    except env_registry.Error as exc:  # an unknown or malformed ID, a bad weight, an ID given twice
-        raise ConfigError(str(exc)) from None
-    for flag, value in (
-        ("--data.prompt_dataset", cfg.data.prompt_dataset),
-        ("--train.agent_path", cfg.train.agent_path),
-    ):
-        if len(cfg.env) > 1 and value:
-            raise ConfigError(
-                f"{flag} {value!r} stands for one env's data or runner; give one --env with it, not a mix"
-            )
 
 
 def load_rows(

@@ -177,20 +177,21 @@ def run(recipe: Recipe, out: Path, seed: int, progress: bool = True) -> dict[str
     start = time.perf_counter()
     start_ray(recipe.ray_cpus)
     tokens = str(recipe.max_new_tokens)
-    eval_flags = ["--env", recipe.env, "--rollout.max_new_tokens", tokens, "--eval.max_new_tokens", tokens]
-    eval_flags += [] if recipe.max_len is None else ["--data.max_len", str(recipe.max_len)]
+    length = [] if recipe.max_len is None else ["--data.max_len", str(recipe.max_len)]
+    eval_flags = ["--env", recipe.env, "--rollout.max_new_tokens", tokens, "--eval.max_new_tokens", tokens, *length]
     eval_flags += [] if recipe.eval_rows is None else ["--eval.max_samples", str(recipe.eval_rows)]
-    common = eval_flags + [
+    run_flags = [
         "--train.seed", str(seed), "--ray.num_cpus", str(recipe.ray_cpus), "--actor.num_threads", str(recipe.threads),
     ] + ([] if progress else ["--no-logger.progress"])  # fmt: skip
+    common = eval_flags + run_flags
     sft_dir, rl_dir = out / "sft", out / "rl"
     print(
         f"[demo] 1/3 SFT from scratch on {recipe.demos} demonstrations of {recipe.env}, {recipe.sft_steps} steps "
         f"(RL starts from step {recipe.sft_start}) -> {sft_dir}",
         flush=True,
     )
-    sft_cli.main(
-        common
+    sft_cli.main(  # no final eval (the checkpoints are evaluated below), so none of the eval's flags
+        ["--env", recipe.env, *length, *run_flags]
         + list(recipe.sft_flags)
         + ["--data.max_samples", str(recipe.demos), "--train.num_steps", str(recipe.sft_steps)]
         + ["--ckpt.output_dir", str(sft_dir), "--ckpt.save_steps", str(save_every(recipe)), "--ckpt.max_num", "1000"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from molt_train.config import parse
+from molt_train.config.commands import parse
 from molt_train.data import env_mix
 from molt_train.rollout import evaluate_checkpoint
 from molt_train.runtime import quiet

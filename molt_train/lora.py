@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
-    from molt_train.config import ModelConfig
+    from molt_train.config.groups import ModelConfig
 
 ADAPTER = "default"  # PEFT's adapter name
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from molt_train.config import LoggerConfig
+    from molt_train.config.groups import LoggerConfig
 
 
 class MetricsLogger:

@@ -16,10 +16,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from molt_train.flags import ConfigError
+from molt_train.config.flags import ConfigError
 
 if TYPE_CHECKING:
-    from molt_train.config import RLConfig
+    from molt_train.config.commands import RLConfig
 
 PROBE_TIMEOUT_S = 300  # a node's first task starts a worker process: a minute or more on a loaded machine
 

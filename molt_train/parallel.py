@@ -1,5 +1,6 @@
 """How the trainer's ranks split one model: ``--fsdp.*`` (tensor parallel, expert parallel and optimizer offload over
-FSDP2; ``--fsdp.cp_size`` splits every sequence, ``molt_train/context_parallel.py``).
+FSDP2; ``--fsdp.cp_size`` splits every sequence, ``molt_train/context_parallel.py``). The flags and the splits they
+refuse are ``molt_train/config/fsdp.py``'s.
 
 The ranks of a ``WorkerGroup`` form a device mesh ``(dp, tp, cp)``: ``--fsdp.tp_size`` ranks hold one model between
 them (DTensor tensor parallelism inside every decoder layer: the attention's q/k/v and the MLP's gate/up projections
@@ -32,109 +33,18 @@ update and that the offloaded update equals the plain one (``tests/molt_train/te
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from molt_train.flags import option
+if TYPE_CHECKING:
+    from molt_train.config.fsdp import FSDPConfig
 
-OFFLOAD = ("none", "optimizer")
 # decoder-layer projections by how tensor parallelism splits them (Llama / Qwen2 / Qwen3 / Mistral names)
 COLUMN_PARALLEL = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
 ROW_PARALLEL = ("self_attn.o_proj", "mlp.down_proj")
 # MoE config fields holding the experts per layer (Qwen3-MoE / Qwen2-MoE, Mixtral, DeepSeek)
 EXPERT_COUNTS = ("num_experts", "num_local_experts", "n_routed_experts")
-
-
-@dataclass(frozen=True)
-class FSDPConfig:
-    """How the trainer's FSDP2 ranks split the model (``--actor.num_workers`` ranks in all)."""
-
-    tp_size: int = option(
-        1,
-        "tensor-parallel ranks per model copy (DTensor TP in each decoder layer; FSDP2 shards over "
-        "--actor.num_workers / tp_size groups); must divide --actor.num_workers and the head counts",
-        minimum=1,
-    )
-    cp_size: int = option(
-        1,
-        "context-parallel ranks per sequence (each holds 1/cp of every row; all-to-all attention over heads, "
-        "molt_train/context_parallel.py); must divide --actor.num_workers and the head counts",
-        minimum=1,
-    )
-    ep_size: int = option(
-        1,
-        "expert-parallel ranks per MoE layer (--actor.backend hf: each holds num_experts / ep_size whole experts and "
-        "reads its own micro-batches; tokens reach their experts by all-to-all); must divide --actor.num_workers and "
-        "the model's expert count",
-        minimum=1,
-    )
-    offload: str = option(
-        "none",
-        "optimizer: fp32 master weights, gradients and AdamW states in CPU memory (FSDP2 CPUOffloadPolicy; "
-        "the optimizer step runs on the CPU)",
-        choices=OFFLOAD,
-    )
-
-
-def check_fsdp(fsdp: FSDPConfig, num_workers: int, backend: str, lora_dim: int = 0) -> None:
-    """Refuse a split the ranks cannot make, naming the flags (the model's head counts are checked at load);
-    ``lora_dim``: ``--model.lora_dim`` (PEFT adapters wrap the projections the TP plan splits)."""
-    from molt_train.flags import ConfigError
-
-    if num_workers % fsdp.tp_size:
-        raise ConfigError(
-            f"--fsdp.tp_size {fsdp.tp_size} must divide --actor.num_workers {num_workers} "
-            f"(each tensor-parallel group holds one copy of the model); use e.g. --actor.num_workers {fsdp.tp_size}"
-        )
-    if fsdp.cp_size > 1:
-        if num_workers % fsdp.cp_size:
-            raise ConfigError(
-                f"--fsdp.cp_size {fsdp.cp_size} must divide --actor.num_workers {num_workers} (each context-parallel "
-                f"group splits its sequences over cp ranks); use e.g. --actor.num_workers {fsdp.cp_size}"
-            )
-        if backend != "hf":
-            raise ConfigError(
-                f"--fsdp.cp_size {fsdp.cp_size} splits transformers' attention (--actor.backend hf); --actor.backend "
-                f"{backend} is not split by sequence here: use --fsdp.cp_size 1"
-            )
-        if fsdp.tp_size > 1 or fsdp.ep_size > 1:
-            raise ConfigError(
-                f"--fsdp.cp_size {fsdp.cp_size} with --fsdp.tp_size {fsdp.tp_size} / --fsdp.ep_size {fsdp.ep_size}: "
-                "context parallelism composes with FSDP2 only here; use one of them"
-            )
-    if fsdp.ep_size > 1:
-        if num_workers % fsdp.ep_size:
-            raise ConfigError(
-                f"--fsdp.ep_size {fsdp.ep_size} must divide --actor.num_workers {num_workers} (each expert-parallel "
-                f"group holds every expert once); use e.g. --actor.num_workers {fsdp.ep_size}"
-            )
-        if backend != "hf":
-            raise ConfigError(
-                f"--fsdp.ep_size {fsdp.ep_size} splits transformers' MoE experts (--actor.backend hf); --actor.backend "
-                f"{backend} keeps every expert on every rank, sharded by FSDP2: use --fsdp.ep_size 1"
-            )
-        if fsdp.tp_size > 1:
-            raise ConfigError(
-                f"--fsdp.ep_size {fsdp.ep_size} with --fsdp.tp_size {fsdp.tp_size}: expert and tensor parallelism "
-                "together are not built here; use one of them"
-            )
-        if lora_dim:
-            raise ConfigError(
-                f"--fsdp.ep_size {fsdp.ep_size} with --model.lora_dim {lora_dim}: PEFT adapters on split experts are "
-                "not built; drop one of them"
-            )
-    if fsdp.tp_size > 1 and backend != "hf":
-        raise ConfigError(
-            f"--fsdp.tp_size {fsdp.tp_size} splits transformers' decoder layers (--actor.backend hf); "
-            f"--actor.backend {backend} is not split here: use --fsdp.tp_size 1"
-        )
-    if fsdp.tp_size > 1 and lora_dim:
-        raise ConfigError(
-            f"--fsdp.tp_size {fsdp.tp_size} splits the decoder's nn.Linear projections, which --model.lora_dim "
-            f"{lora_dim} wraps in PEFT adapter layers the split does not cover: drop one of them"
-        )
 
 
 def device_mesh(device_type: str, world_size: int, fsdp: FSDPConfig) -> Any:

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from molt_train.runtime import cpu_threads
 
 if TYPE_CHECKING:
-    from molt_train.config import RLConfig
+    from molt_train.config.commands import RLConfig
 
 COLOCATED_GPU_FRACTION = 0.25  # policy, reference and rollout actors on one GPU: at most 3 x 0.25
 PLACEMENT_TIMEOUT_S = 120

@@ -42,13 +42,14 @@ from molt_train.algorithms import (
     masked_mean,
     mismatch_metrics,
 )
+from molt_train.config.fsdp import FSDPConfig
 from molt_train.logprob_model import LogProbModel
 from molt_train.models.multimodal import layers_to_shard, load_processor, model_class
-from molt_train.parallel import FSDPConfig
 from molt_train.routing import GateReplay
 
 if TYPE_CHECKING:
-    from molt_train.config import ActorConfig, AlgoConfig, ModelConfig
+    from molt_train.config.algo import AlgoConfig
+    from molt_train.config.groups import ActorConfig, ModelConfig
 
 
 def rl_loss(
@@ -157,8 +158,13 @@ class PolicyWorker:
         logging.disable_progress_bar()
         self.rank, self.world_size, self.actor = rank, world_size, actor
         self.device = join_process_group(rank, world_size, master_addr, master_port, seed=seed, num_threads=num_threads)
+        fsdp = fsdp or FSDPConfig()
         lm = load_policy_model(
-            actor.backend, model_path, dtype=torch.float32, freeze_moe_router=actor.freeze_moe_router
+            actor.backend,
+            model_path,
+            dtype=torch.float32,
+            attn_implementation=fsdp.attn_implementation,
+            freeze_moe_router=actor.freeze_moe_router,
         )
         self.lora = lora if lora_adapters.enabled(lora) and trainable else None
         if self.lora is not None:  # only the adapters train (the frozen reference keeps the plain checkpoint)
@@ -175,7 +181,6 @@ class PolicyWorker:
         precision = MixedPrecisionPolicy(
             param_dtype=getattr(torch, actor.param_dtype) if gpu else None, reduce_dtype=torch.float32
         )
-        fsdp = fsdp or FSDPConfig()
         mesh = parallel.device_mesh(self.device.type, world_size, fsdp)
         if fsdp.tp_size > 1:
             parallel.tensor_parallel(lm, mesh["tp"])

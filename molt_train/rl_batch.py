@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from molt_train.algorithms import AdvantageInputs, approx_kl, dynamic_filtering, get_estimator, shape_rewards
-from molt_train.config import RLConfig
+from molt_train.config.commands import RLConfig
 from molt_train.experience import Experience
 
 

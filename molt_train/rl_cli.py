@@ -5,8 +5,9 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from molt_train.config import parse
-from molt_train.rl_trainer import RLTrainer, evaluate_once
+from molt_train.config.commands import parse
+from molt_train.eval_only import evaluate_once
+from molt_train.rl_trainer import RLTrainer
 
 
 def main(argv: Sequence[str] | None = None) -> int:

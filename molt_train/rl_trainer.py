@@ -37,18 +37,19 @@ import torch
 
 from molt_train import checkpoint, rollout_dump
 from molt_train import lora as lora_adapters
-from molt_train.algo_config import check_teacher_tokenizer
-from molt_train.config import RLConfig
+from molt_train.config.algo import check_teacher_tokenizer
+from molt_train.config.commands import RLConfig
+from molt_train.config.fsdp import FSDPConfig
+from molt_train.config.inert import inert_warnings
 from molt_train.data import MixSampler, env_mix, load_eval_rows, load_rows
-from molt_train.env_servers import isolated_installs, serve_here
+from molt_train.env_server_actors import isolated_installs, serve_here
 from molt_train.experience import Experience, make_experience
 from molt_train.metrics import MetricsLogger
 from molt_train.node_paths import check_every_node, shared_paths
-from molt_train.parallel import FSDPConfig
 from molt_train.placement import bundle_gpu_ids, on_this_node, plan_placement, rank_options, reserve, rollout_options
 from molt_train.rl_batch import estimate_advantages, merge_parts, rollout_metrics, shape_and_filter
-from molt_train.rollout import RolloutWorker, eval_sampling
-from molt_train.runtime import cpu_threads, init_ray
+from molt_train.rollout import eval_sampling, start_rollout_worker
+from molt_train.runtime import init_ray
 from molt_train.worker_group import WorkerGroup
 
 STATUS_KEYS = {
@@ -70,7 +71,8 @@ class RLTrainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if cfg.algo.advantage.estimator == "on_policy_distill":
             check_teacher_tokenizer(cfg.actor.model_name_or_path, cfg.ref.model_name_or_path)
-        (self.output_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+        record = dataclasses.asdict(cfg) | {"flag_warnings": inert_warnings(cfg, "rl")}
+        (self.output_dir / "config.json").write_text(json.dumps(record, indent=1))
         init_ray(cfg.ray)
         self.env_installs = isolated_installs(e.env_id for e in env_mix(cfg))
         check_every_node(shared_paths(cfg, self.env_installs))  # a multi-node cluster: what each node reads by path
@@ -145,7 +147,9 @@ class RLTrainer:
                 name="ref",
                 gpus=self.placement.reference_gpus,
                 place=lambda rank: rank_options(self.group, p.reference_gpus, p.reference_bundles, rank),
-                fsdp=FSDPConfig(tp_size=cfg.fsdp.tp_size),  # frozen: nothing to offload
+                fsdp=FSDPConfig(  # frozen: nothing to offload
+                    tp_size=cfg.fsdp.tp_size, attn_implementation=cfg.fsdp.attn_implementation
+                ),
             )
         self.critic = None
         if cfg.algo.advantage.estimator == "gae":  # the PPO critic: its own group, on the policy's bundles
@@ -215,6 +219,8 @@ class RLTrainer:
 
     def _optimizer_steps_per_batch(self) -> int:
         rows = self.cfg.rollout.batch_size * self.cfg.rollout.n_samples_per_prompt
+        if self.cfg.train.force_on_policy:  # one step over the whole batch, however many segments it has
+            return 1
         per_step = self.cfg.train.batch_size or rows
         return max(1, math.ceil(rows / per_step)) * self.cfg.train.max_epochs
 
@@ -415,7 +421,7 @@ class RLTrainer:
         """``--train.max_epochs`` passes over ``exp`` in optimizer steps of ``--train.batch_size`` rows."""
         cfg = self.cfg
         n = len(exp)
-        per_step = cfg.train.batch_size or n
+        per_step = n if cfg.train.force_on_policy else (cfg.train.batch_size or n)
         generator = torch.Generator().manual_seed(cfg.train.seed)
         totals: dict[str, float] = {}
         count = 0
@@ -514,108 +520,4 @@ class RLTrainer:
             ray.util.remove_placement_group(self.group)
 
 
-def start_rollout_worker(
-    cfg: RLConfig,
-    model_path: str,
-    *,
-    num_gpus: float,
-    num_threads: int,
-    options: dict[str, Any],
-    devices: list[str] | None = None,
-    lora: Any = None,
-    adapter_dir: str | None = None,
-    env_installs: dict[str, Any] | None = None,
-) -> Any:
-    """The ``RolloutWorker`` Ray actor of ``cfg``'s engine and agent, its engine started (vLLM sizes its KV cache
-    before anything else allocates).
-
-    Args:
-        cfg: the run's config (engine, agent, ``--algo.advantage.score_centering_top_k``'s top-k log-probs, judge).
-        model_path: the checkpoint the engine serves (a LoRA run: the base model).
-        num_gpus / num_threads / options: the actor's GPU share, torch CPU threads and Ray options (its bundle).
-        devices: the GPUs a colocated vLLM engine of several GPUs runs its workers on (``placement.bundle_gpu_ids``),
-            None for the actor's own.
-        lora: a LoRA run's ``--model.*`` group (the engine serves the policy's adapters), else None.
-        adapter_dir: a resumed LoRA run's PEFT adapter directory, served from the first request; else None.
-        env_installs: the run's isolated installs (``env_servers.isolated_installs``); the worker serves each from
-            an ``EnvServerActor`` on its node.
-
-    Returns:
-        The actor handle.
-    """
-    import ray
-
-    agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
-    actor = ray.remote(num_cpus=0, num_gpus=num_gpus)(RolloutWorker)
-    rollout = actor.options(max_concurrency=1000, **options).remote(
-        model_path,
-        env_id=[e.env_id for e in env_mix(cfg)],
-        agent_path=agent_path,
-        max_len=cfg.data.max_len,
-        timeout_s=cfg.rollout.timeout_s,
-        max_batch_size=cfg.rollout.max_batch_size,
-        num_threads=num_threads,
-        engine=cfg.rollout.engine,
-        partial_rollout=cfg.train.partial_rollout_enable,
-        top_logprobs=cfg.algo.advantage.score_centering_top_k,
-        record_routing=cfg.train.routing is not None,
-        lora=lora,
-        adapter_dir=adapter_dir,
-        env_installs=env_installs,
-    )
-    if cfg.rollout.engine == "vllm":
-        ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed, devices))
-    if cfg.judge.enabled:
-        ray.get(rollout.start_judge.remote(cfg.judge))
-    return rollout
-
-
-def evaluate_once(cfg: RLConfig) -> dict[str, float]:
-    """``--eval.eval_only``: score ``--actor.model_name_or_path`` on the eval rows through the rollout engine and
-    nothing else (no trainer ranks, no reference, no placement group: the vllm engine takes one whole GPU). Writes
-    ``metrics.jsonl`` (step 0) and ``eval_results.json`` under ``--ckpt.output_dir``; returns the ``eval/*``
-    metrics."""
-    import ray
-
-    output_dir = Path(cfg.ckpt.output_dir).resolve()
-    output_dir.mkdir(parents=True, exist_ok=True)
-    init_ray(cfg.ray)
-    model_path = str(Path(cfg.actor.model_name_or_path).resolve())
-    gpus = float(cfg.vllm.gpus_per_engine) if cfg.rollout.engine == "vllm" else 0.0
-    installs = isolated_installs(e.env_id for e in env_mix(cfg))
-    paths = shared_paths(cfg, installs)
-    paths.pop("--ckpt.output_dir")  # only the driver writes there
-    check_every_node(paths)
-    servers = serve_here(installs)  # the eval rows come from them
-    rollout = start_rollout_worker(
-        cfg,
-        model_path,
-        num_gpus=gpus,
-        num_threads=cpu_threads(cfg.actor.num_threads, 1),
-        options={},
-        env_installs=installs,
-    )
-    try:
-        t = time.perf_counter()
-        rows = load_eval_rows(cfg)
-        result = ray.get(rollout.evaluate.remote(rows, eval_sampling(cfg), cfg.eval.n_samples_per_prompt))
-        metrics = {f"eval/{k}": v for k, v in result.items()} | {"timing/eval_s": time.perf_counter() - t}
-    finally:
-        try:
-            stops = [rollout.shutdown.remote()] + [s.stop.remote() for s in servers]
-            ray.wait(stops, num_returns=len(stops), timeout=60)
-        finally:
-            for actor in (rollout, *servers):
-                ray.kill(actor)
-    logger = MetricsLogger(
-        output_dir, 0, progress=False, description="eval", logger=cfg.logger, config=dataclasses.asdict(cfg)
-    )
-    logger.log(0, metrics)
-    logger.close()
-    source = {"dataset": cfg.eval.dataset} if cfg.eval.dataset else {"split": cfg.eval.split}
-    record = {"env": cfg.env, "model": model_path, **source, "sampling": eval_sampling(cfg), **metrics}
-    (output_dir / "eval_results.json").write_text(json.dumps(record, indent=1))
-    return metrics
-
-
-__all__ = ["RLTrainer", "evaluate_once", "start_rollout_worker"]
+__all__ = ["RLTrainer"]

@@ -35,12 +35,12 @@ from molt_envs import SamplingParams, Trajectory, load_agent_runner
 from molt_envs.vision import text_tokenizer
 from molt_train.data import MixSampler, env_mix, load_eval_rows
 from molt_train.engines.hf import HFEngine
-from molt_train.env_servers import serve_here
+from molt_train.env_server_actors import serve_here
 from molt_train.experience import as_trajectories, drop_reason, estimator_group
 from molt_train.models.multimodal import placeholder_ids
 
 if TYPE_CHECKING:
-    from molt_train.config import EvalCommandConfig, RLConfig, SFTConfig
+    from molt_train.config.commands import EvalCommandConfig, RLConfig, SFTConfig
 
 
 def episode_seed(seed: int, step: int, row: int, sample: int) -> int:
@@ -126,7 +126,7 @@ class RolloutWorker:
         rollout engine itself (``policy``: the current policy, weight syncs reach it) or a frozen judge model on an hf
         engine of its own. Every episode's runner gets a ``JudgeClient`` for the endpoint; returns its base URL."""
         from molt_envs.judge import JudgeClient
-        from molt_envs.session_server import SessionServer
+        from molt_envs.sessions.server import SessionServer
 
         if judge.model_name_or_path:
             engine = await asyncio.to_thread(HFEngine.from_pretrained, str(judge.model_name_or_path))
@@ -341,6 +341,7 @@ class RolloutWorker:
         settings = EvalSettings(
             n=n,
             temperature=params["temperature"],
+            top_p=params.get("top_p", 1.0),
             max_new_tokens=params["max_tokens"],
             concurrency=max(1, len(rows) * n),  # the engine batches whatever is in flight
             timeout_s=self.timeout_s,
@@ -496,3 +497,59 @@ def evaluate_checkpoint(cfg: SFTConfig | EvalCommandConfig, model_path: str | Pa
     )
     rows = load_eval_rows(cfg)
     return asyncio.run(worker.evaluate(rows, eval_sampling(cfg), cfg.eval.n_samples_per_prompt))
+
+
+def start_rollout_worker(
+    cfg: RLConfig,
+    model_path: str,
+    *,
+    num_gpus: float,
+    num_threads: int,
+    options: dict[str, Any],
+    devices: list[str] | None = None,
+    lora: Any = None,
+    adapter_dir: str | None = None,
+    env_installs: dict[str, Any] | None = None,
+) -> Any:
+    """The ``RolloutWorker`` Ray actor of ``cfg``'s engine and agent, its engine started (vLLM sizes its KV cache
+    before anything else allocates).
+
+    Args:
+        cfg: the run's config (engine, agent, ``--algo.advantage.score_centering_top_k``'s top-k log-probs, judge).
+        model_path: the checkpoint the engine serves (a LoRA run: the base model).
+        num_gpus / num_threads / options: the actor's GPU share, torch CPU threads and Ray options (its bundle).
+        devices: the GPUs a colocated vLLM engine of several GPUs runs its workers on (``placement.bundle_gpu_ids``),
+            None for the actor's own.
+        lora: a LoRA run's ``--model.*`` group (the engine serves the policy's adapters), else None.
+        adapter_dir: a resumed LoRA run's PEFT adapter directory, served from the first request; else None.
+        env_installs: the run's isolated installs (``env_server_actors.isolated_installs``); the worker serves each from
+            an ``EnvServerActor`` on its node.
+
+    Returns:
+        The actor handle.
+    """
+    import ray
+
+    agent_path = str(Path(cfg.train.agent_path).resolve()) if cfg.train.agent_path else None
+    actor = ray.remote(num_cpus=0, num_gpus=num_gpus)(RolloutWorker)
+    rollout = actor.options(max_concurrency=1000, **options).remote(
+        model_path,
+        env_id=[e.env_id for e in env_mix(cfg)],
+        agent_path=agent_path,
+        max_len=cfg.data.max_len,
+        timeout_s=cfg.rollout.timeout_s,
+        max_batch_size=cfg.rollout.max_batch_size,
+        num_threads=num_threads,
+        engine=cfg.rollout.engine,
+        partial_rollout=cfg.train.partial_rollout_enable,
+        top_logprobs=cfg.algo.advantage.score_centering_top_k,
+        record_routing=cfg.train.routing is not None,
+        lora=lora,
+        adapter_dir=adapter_dir,
+        env_installs=env_installs,
+    )
+    if cfg.rollout.engine == "vllm":
+        ray.get(rollout.start_vllm.remote(cfg.vllm, cfg.train.seed, devices))
+    if cfg.judge.enabled:
+        ray.get(rollout.start_judge.remote(cfg.judge))
+    return rollout

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from molt_envs import SamplingParams
-from molt_envs.session_server import SessionServer
+from molt_envs.sessions.server import SessionServer
 
 ENGINES = ("hf", "vllm")
 
@@ -55,9 +55,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _engine(args: argparse.Namespace) -> Any:
     """The engine over ``--model``; vLLM is built on the serving loop (its engine lives on that loop)."""
     if args.engine == "vllm":
-        from molt_train.engines.vllm import VLLMEngine, VLLMOptions
+        from molt_train.config.engine import VLLMConfig
+        from molt_train.engines.vllm import VLLMEngine
 
-        return VLLMEngine(args.model, VLLMOptions(gpu_memory_utilization=args.gpu_memory_utilization))
+        return VLLMEngine(args.model, VLLMConfig(gpu_memory_utilization=args.gpu_memory_utilization))
     from molt_train.engines.hf import HFEngine
 
     return HFEngine.from_pretrained(args.model, device=args.device)

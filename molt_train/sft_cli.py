@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from molt_train.config import parse
+from molt_train.config.commands import parse
 from molt_train.data import env_mix
 from molt_train.rollout import evaluate_checkpoint
 from molt_train.sft_trainer import SFTTrainer

@@ -21,7 +21,7 @@ import torch
 from molt_envs.vision import VisionInputs, text_tokenizer
 from molt_train import checkpoint
 from molt_train import lora as lora_adapters
-from molt_train.config import SFTConfig
+from molt_train.config.commands import SFTConfig
 from molt_train.data import MixSampler, encode_sft, env_mix, load_rows
 from molt_train.experience import Experience
 from molt_train.metrics import MetricsLogger

@@ -17,8 +17,9 @@ from molt_train.placement import on_this_node
 from molt_train.policy_worker import PolicyWorker, free_port
 
 if TYPE_CHECKING:
-    from molt_train.config import ActorConfig, AlgoConfig, TrainConfig
-    from molt_train.parallel import FSDPConfig
+    from molt_train.config.algo import AlgoConfig
+    from molt_train.config.fsdp import FSDPConfig
+    from molt_train.config.groups import ActorConfig, TrainConfig
 
 
 class WorkerGroup:

@@ -61,7 +61,7 @@ async def serve():
     from anthropic import AsyncAnthropic
     from openai import AsyncOpenAI
 
-    from molt_envs.session_server import SessionServer
+    from molt_envs.sessions.server import SessionServer
 
     servers, clients = [], []
 

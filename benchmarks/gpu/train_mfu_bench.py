@@ -73,7 +73,7 @@ def main() -> None:
 
     import torch
 
-    from molt_train.parallel import FSDPConfig
+    from molt_train.config.fsdp import FSDPConfig
     from molt_train.policy_worker import PolicyWorker
     from molt_train.worker_group import loss_window, spread
 

@@ -1,8 +1,9 @@
 """reasoning-gym: every one of its datasets as ``rg:NAME`` (``rg:countdown``, ``rg:needle_haystack``, ...).
 
 ``rg:NAME?field=value&...`` sets fields of the dataset's reasoning-gym config (``rg:countdown?min_numbers=3``);
-``difficulty=k`` picks its curriculum level, ``grader_timeout_s`` bounds the scorer. Each is checked against the
-config's own fields and its ``validate()`` when the ID is resolved, so a bad one fails naming the key. The env is
+``difficulty=k`` picks its curriculum level, ``grader_timeout_s`` bounds the scorer, ``system_prompt`` names one of
+reasoning-gym's system prompts (``direct``, ...; ``null``: none). Each is checked against the config's own fields and
+its ``validate()`` (or reasoning-gym's prompt names) when the ID is resolved, so a bad one fails naming the key. The env is
 ``molt_envs.envs.reasoning_gym``'s (single turn, scored by the dataset's ``score_answer``), with the same held-out
 rule as the curated ``rg/...-v1`` IDs, which stay as aliases; it runs in an env server of its own process.
 """
@@ -17,7 +18,7 @@ from env_registry.sources import CatalogEntry
 
 ENTRY_POINT = "molt_envs.envs.reasoning_gym:ReasoningGymEnv"
 GENERATOR = "molt_envs.envs.reasoning_gym:generate_split"
-ENV_KWARGS = ("difficulty", "grader_timeout_s")  # the env's own; every other kwarg is a config field
+ENV_KWARGS = ("difficulty", "grader_timeout_s", "system_prompt")  # the env's own; every other kwarg is a config field
 SPLITS = {"train": {"size": 1000, "seed": 0}, "test": {"size": 200, "seed": 1_000_000}}
 NEEDS_CONFIG = {"composite": "mixes other datasets: give them in its config (datasets=...)"}
 
@@ -51,6 +52,14 @@ class ReasoningGym(Adapter):
         config_cls = DATASETS[name][1]
         fields = {f.name: f for f in dataclasses.fields(config_cls)} if dataclasses.is_dataclass(config_cls) else {}
         env = {k: v for k, v in kwargs.items() if k in ENV_KWARGS}
+        if "system_prompt" in env:
+            from reasoning_gym.utils import SYSTEM_PROMPTS
+
+            if env["system_prompt"] is not None and env["system_prompt"] not in SYSTEM_PROMPTS:
+                raise ValueError(
+                    f"system_prompt {env['system_prompt']!r} is not one of reasoning-gym's: "
+                    f"{', '.join(sorted(SYSTEM_PROMPTS))} (or null)"
+                )
         config = {k: v for k, v in kwargs.items() if k not in ENV_KWARGS}
         for key in config:
             if key not in fields or key in ("seed", "size"):

@@ -5,7 +5,8 @@ gets a route prefix on this loopback proxy (``/r/<id>/openai`` for the OpenAI SD
 for the Anthropic SDK's): requests are forwarded unchanged to that sample's upstream (a ``molt-train serve``
 session, or the endpoint itself), and each chat call (request messages and the JSON reply) is recorded for the
 sample's transcript, its token counts and ``--reverify``. A missing ``seed`` is filled in on the OpenAI wire, so a
-sample is as reproducible as the endpoint allows. Streamed replies are passed through unrecorded.
+sample is as reproducible as the endpoint allows. Streamed replies pass through as they come; a streamed Chat
+Completions reply is recorded reassembled from its chunks, other streamed calls without their reply.
 """
 
 from __future__ import annotations
@@ -108,7 +109,8 @@ class RecordingProxy:
             return JSONResponse({"error": {"message": message, "type": "server_error"}}, status_code=502)
         out_headers = {k: v for k, v in response.headers.items() if k.lower() not in HOP_HEADERS | {"content-encoding"}}
         if isinstance(data, dict) and data.get("stream"):
-            return StreamingResponse(response.aiter_bytes(), status_code=response.status_code, headers=out_headers)
+            body_iter = _recorded_stream(response, route, wire, data)
+            return StreamingResponse(body_iter, status_code=response.status_code, headers=out_headers)
         content = await response.aread()
         await response.aclose()
         if isinstance(data, dict) and "messages" in data:
@@ -116,6 +118,67 @@ class RecordingProxy:
                 {"wire": wire, "status": response.status_code, "request": data, "response": _json(content)}
             )
         return Response(content, status_code=response.status_code, headers=out_headers)
+
+
+async def _recorded_stream(response: Any, route: Route, wire: str, data: dict[str, Any]) -> Any:
+    """Pass a streamed reply through; record the call once it ends (before its last chunk goes out, where the end is
+    visible: Chat Completions' ``[DONE]``), its reply reassembled on the OpenAI wire."""
+    seen: list[bytes] = []
+    recorded = False
+
+    def record() -> None:
+        nonlocal recorded
+        if not recorded and "messages" in data:
+            ok = wire == "openai" and response.status_code < 400
+            reply = _chat_completion(b"".join(seen)) if ok else None
+            route.calls.append({"wire": wire, "status": response.status_code, "request": data, "response": reply})
+        recorded = True
+
+    try:
+        async for chunk in response.aiter_bytes():
+            seen.append(chunk)
+            if b"data: [DONE]" in chunk:
+                record()
+            yield chunk
+    finally:
+        record()
+        await response.aclose()
+
+
+def _chat_completion(sse: bytes) -> dict[str, Any] | None:
+    """The ``chat.completion`` a streamed Chat Completions reply adds up to (choice 0), or None if it is not one."""
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    head: dict[str, Any] = {}
+    finish = usage = None
+    for line in sse.decode(errors="replace").splitlines():
+        payload = line[len("data:") :].strip() if line.startswith("data:") else ""
+        if not payload or payload == "[DONE]":
+            continue
+        chunk = _json(payload.encode())
+        if not isinstance(chunk, dict):
+            return None
+        head = head or {k: chunk.get(k) for k in ("id", "created", "model")}
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices") or []:
+            if choice.get("index", 0) == 0:
+                delta = choice.get("delta") or {}
+                content.append(delta.get("content") or "")
+                for part in delta.get("tool_calls") or []:
+                    call = calls.setdefault(part.get("index", 0), {"id": None, "type": "function", "function": {}})
+                    call["id"] = part.get("id") or call["id"]
+                    for key, value in (part.get("function") or {}).items():
+                        call["function"][key] = call["function"].get(key, "") + (value or "")
+                finish = choice.get("finish_reason") or finish
+    if not head:
+        return None
+    message = {
+        "role": "assistant",
+        "content": "".join(content),
+        **({"tool_calls": list(calls.values())} if calls else {}),
+    }
+    choice = {"index": 0, "message": message, "finish_reason": finish}
+    return {**head, "object": "chat.completion", "choices": [choice], **({"usage": usage} if usage else {})}
 
 
 def _json(raw: bytes) -> Any:

@@ -4,7 +4,7 @@
 under another interpreter (an isolated install's venv), waits until it answers, restarts it when it has died or
 stopped answering, and stops it when this process exits; if this process is killed instead, the server exits when
 its standard input closes. ``managed_endpoint`` hands out one server per (interpreter, ID) per process. Under Ray
-the trainer starts these servers in Ray actors instead (``molt_train.env_servers``), one per rollout worker.
+the trainer starts these servers in Ray actors instead (``molt_train.env_server_actors``), one per rollout worker.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Any
 
 from env_registry.errors import EnvServerUnavailable, Error
 from env_registry.serving.urls import check_server
-from molt_envs.remote_env import TIMEOUT_S, Endpoint
+from molt_envs.remote.client import TIMEOUT_S, Endpoint
 
 START_TIMEOUT_S = float(os.environ.get("MOLT_ENV_START_TIMEOUT_S", "120"))
 PROBE_TIMEOUT_S = 5.0  # a server that cannot answer /health in this long is hung, and is restarted
@@ -46,7 +46,7 @@ class ManagedServer:
         self.serve_as = serve_as or env_id
         self.process: subprocess.Popen | None = None
         self.base_url: str | None = None
-        self.metadata: Any = None  # the server's molt_envs.env_protocol.Metadata, once started
+        self.metadata: Any = None  # the server's molt_envs.remote.protocol.Metadata, once started
         self.restarts = 0
         fd, name = tempfile.mkstemp(prefix="molt-env-server-", suffix=".log")
         os.close(fd)
@@ -58,7 +58,7 @@ class ManagedServer:
         Raises:
             EnvServerUnavailable: it did not start (the log's tail says why), or it serves another spec hash.
         """
-        cmd = [self.python, "-m", "env_registry.cli", "serve-env", self.serve_as, "--port", "0", "--exit-on-stdin-eof"]
+        cmd = self.command()
         env = {k: v for k, v in os.environ.items() if k not in _LEAVE_OUT_OF_CHILD}
         with self.log_path.open("ab") as log_file:
             try:
@@ -81,18 +81,30 @@ class ManagedServer:
             )
         self.base_url = found[0]
         try:
-            metadata = check_server(self.base_url, self.env_id)
+            self.check()
         except Error:
             self.stop()
             raise
+        return self.base_url
+
+    def command(self) -> list[str]:
+        """The server's command line; it prints a ready line naming its URL on stdout (``ready_url`` reads it)."""
+        return [self.python, "-m", "env_registry.cli", "serve-env", self.serve_as, "--port", "0", "--exit-on-stdin-eof"]
+
+    def ready_url(self, line: str) -> str | None:
+        """The base URL a line of the server's stdout says it is ready at, if it is its ready line."""
+        match = READY.search(line)
+        return match[1] if match and match[2] == self.env_id else None
+
+    def check(self) -> None:
+        """Check that what answers at ``base_url`` is the server meant (raises an ``Error`` naming what is wrong)."""
+        metadata = check_server(self.base_url, self.env_id)
         self.metadata = metadata
         if self.expected_hash is not None and metadata.hash != self.expected_hash:
-            self.stop()
             raise EnvServerUnavailable(
                 f"{self.where} now serves {self.env_id} with spec hash {metadata.hash}, but it was installed with "
                 f"{self.expected_hash}; reinstall it (`molt-env install {self.env_id} --isolated`)"
             )
-        return self.base_url
 
     def _pump(self, process: subprocess.Popen, found: list[str]) -> None:
         """Copy the server's stdout to its log (a full pipe would stall it), noting the URL of its ready line."""
@@ -100,9 +112,9 @@ class ManagedServer:
             for line in process.stdout:
                 log_file.write(line)
                 log_file.flush()
-                match = READY.search(line.decode(errors="replace"))
-                if match and not found and match[2] == self.env_id:
-                    found.append(match[1])
+                url = self.ready_url(line.decode(errors="replace"))
+                if url and not found:
+                    found.append(url)
 
     def healthy(self, timeout_s: float = PROBE_TIMEOUT_S) -> bool:
         """Alive and answering ``/health`` within ``timeout_s``."""
@@ -193,10 +205,15 @@ _ENDPOINTS_LOCK = threading.Lock()
 
 
 def managed_endpoint(
-    python: str, env_id: str, where: str, expected_hash: str | None = None, serve_as: str | None = None
+    python: str,
+    env_id: str,
+    where: str,
+    expected_hash: str | None = None,
+    serve_as: str | None = None,
+    server_type: type[ManagedServer] = ManagedServer,
 ) -> ManagedEndpoint:
     """The endpoint of this process's server for ``env_id`` (given to ``serve-env`` as ``serve_as``) under ``python``,
-    started on first use.
+    started on first use; ``server_type`` is a ``ManagedServer`` subclass running another command (OpenEnv's).
 
     Raises:
         EnvServerUnavailable: the server does not start (see ``ManagedServer.start``).
@@ -204,7 +221,7 @@ def managed_endpoint(
     key = (python, serve_as or env_id)
     with _ENDPOINTS_LOCK:
         if key not in _ENDPOINTS:
-            server = ManagedServer(python, env_id, where, expected_hash, serve_as)
+            server = server_type(python, env_id, where, expected_hash, serve_as)
             server.start()
             _ENDPOINTS[key] = ManagedEndpoint(server)
         return _ENDPOINTS[key]

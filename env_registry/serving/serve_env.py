@@ -1,6 +1,6 @@
 """``molt-env serve-env ID``: serve a registered ID in this process over the env protocol.
 
-The env, its grader, its datasets and its sandboxed tools all run in the server's process (``molt_envs.env_server``).
+The env, its grader, its datasets and its sandboxed tools all run in the server's process (``molt_envs.remote.server``).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ def serve_env(
         Error: the ID does not resolve here, or its entry point cannot be loaded (checked before listening).
         OSError: the address cannot be bound.
     """
-    from molt_envs.env_protocol import PROTOCOL
-    from molt_envs.env_server import ServedEnv, create_app, serve
+    from molt_envs.remote.protocol import PROTOCOL
+    from molt_envs.remote.server import ServedEnv, create_app, serve
 
     source = for_scheme(env_id)  # another ecosystem's ID: served from here, in this process
     # imports the env now: a broken package fails here, not per episode

@@ -56,7 +56,7 @@ def url_spec(url: str) -> RemoteEnvSpec:
 
 
 def _connect(url: str) -> RemoteEnvSpec:
-    from molt_envs.remote_env import TIMEOUT_S, Endpoint
+    from molt_envs.remote.client import TIMEOUT_S, Endpoint
 
     parts = urlsplit(url)
     path = parts.path.strip("/")
@@ -88,7 +88,7 @@ def _connect(url: str) -> RemoteEnvSpec:
 
 def check_server(base: str, env_id: str) -> Any:
     """``/health`` and ``/<env id>/metadata`` of the server at ``base``, validated; returns the ``Metadata``."""
-    from molt_envs.env_protocol import PROTOCOL, Health, Metadata
+    from molt_envs.remote.protocol import PROTOCOL, Health, Metadata
 
     health = Health.model_validate(_get_json(base, "/health", "health", Health))
     if health.protocol != PROTOCOL:

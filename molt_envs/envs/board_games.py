@@ -147,7 +147,7 @@ def _random_move_rows(
     ``listed``: the reply is the last square ``shuffled_free`` lists (a fixed function of the position, so one seat
     of each game, alternating with the game, plays it and gives the rows, while the other plays uniformly random
     moves and gives none: otherwise every game would be the same game)."""
-    from molt_envs.bridges import random_legal_action
+    from molt_envs.scripted import random_legal_action
 
     game = (TicTacToeGame if game_seeded else PettingZooGame)(**game_kwargs)
     produced, k = 0, seed

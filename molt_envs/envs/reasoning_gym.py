@@ -6,7 +6,9 @@ are env kwargs, recorded in the spec hash, and the splits follow them (``env_kwa
 - ``difficulty=k``: reasoning-gym's curriculum for the task at global level ``k`` (0 = its easiest; levels past a
   knob's last one stay at that one);
 - ``config={...}``: fields of the task's reasoning-gym config (e.g. ``{"max_numbers": 4}`` for countdown), applied
-  over the level's.
+  over the level's;
+- ``system_prompt``: which of reasoning-gym's ``SYSTEM_PROMPTS`` opens each prompt (``"default"``; ``"direct"`` is a
+  sentence), or ``None`` for none (a prompt of the question alone: what a small model trained from scratch can afford).
 
 Held-out rule: item ``i`` of a split is reasoning-gym's item for generator seed ``seed + i``, and the train and test
 splits' seed ranges do not overlap. Each prompt is reasoning-gym's default system prompt and the question; the
@@ -54,6 +56,16 @@ def _config_json(config: dict[str, Any] | None) -> str:
     return json.dumps(config or {}, sort_keys=True)
 
 
+def _system_prompt(name: str | None) -> str | None:
+    from reasoning_gym.utils import SYSTEM_PROMPTS
+
+    if name is not None and name not in SYSTEM_PROMPTS:
+        raise ValueError(
+            f"system_prompt {name!r} is not one of reasoning-gym's: {', '.join(sorted(SYSTEM_PROMPTS))} (or null)"
+        )
+    return None if name is None else SYSTEM_PROMPTS[name]
+
+
 def reference_answer(entry: dict[str, Any]) -> str:
     """A completion reasoning-gym's scorer gives full marks: the answer, or the example of a many-answer task."""
     answer = entry["answer"]
@@ -70,22 +82,21 @@ def generate_split(
     seed: int,
     difficulty: int | None = None,
     config: dict[str, Any] | None = None,
+    system_prompt: str | None = "default",
     **env_only: Any,
 ) -> Iterator[dict[str, Any]]:
-    """Rows ``{"prompt": [system, user], "label": entry, "reference": "<answer>...</answer>"}``.
+    """Rows ``{"prompt": [system, user], "label": entry, "reference": "<answer>...</answer>"}`` (no system message
+    for ``system_prompt=None``).
 
     ``env_only`` are the env's kwargs the data does not depend on (``grader_timeout_s``).
     """
-    from reasoning_gym.utils import SYSTEM_PROMPTS
-
+    system = _system_prompt(system_prompt)
     dataset = _dataset(task, difficulty, _config_json(config), seed, size)
     for i in range(size):
         entry = dataset[i]
         yield {
-            "prompt": [
-                {"role": "system", "content": SYSTEM_PROMPTS["default"]},
-                {"role": "user", "content": entry["question"]},
-            ],
+            "prompt": ([{"role": "system", "content": system}] if system is not None else [])
+            + [{"role": "user", "content": entry["question"]}],
             "label": entry,
             "reference": reference_answer(entry),
         }
@@ -100,8 +111,10 @@ class ReasoningGymEnv(Env):
         difficulty: int | None = None,
         config: dict[str, Any] | None = None,
         grader_timeout_s: float = 10.0,
+        system_prompt: str | None = "default",  # the rows' (generate_split); checked here too
     ) -> None:
         self.scorer = _dataset(task, difficulty, _config_json(config), 0, 1)  # raises here for a bad task/knob
+        _system_prompt(system_prompt)
         self.grader_timeout_s = grader_timeout_s
 
     async def step(self, state: StepState) -> Result:

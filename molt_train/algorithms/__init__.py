@@ -3,6 +3,10 @@
 Read in this order: ``estimators`` (rewards -> advantages), ``losses``
 (advantages -> per-token loss -> scalar), ``kl``, ``is_correction``,
 ``rewards`` (shaping and dynamic filtering before the estimator).
+
+May import: torch, and nothing of ``molt_train`` outside this package (``molt_train.config`` imports the registries
+here as the choices of its flags; a function reads the settings it is passed). Its modules import each other by
+their defining module, never through this ``__init__``.
 """
 
 from molt_train.algorithms.estimators import (

@@ -20,6 +20,9 @@ gamma) to the advantage of token t: ``reinforce`` folds it into its returns;
 the group estimators add it to the broadcast per-rollout advantage, after the
 group baseline and before whitening. The baseline stays one of task rewards.
 
+``flash_reinforce`` (FlashREINFORCE, one rollout per prompt) collapses rows to one reward per rollout like the group
+estimators, but its baseline is the mean over every rollout of the batch (no std, no whitening).
+
 ``gae`` (PPO with a critic) takes ``reinforce``'s per-token rewards and the critic's ``values`` (see ``gae``).
 ``on_policy_distill`` has no task reward at all: its advantage is the per-token KL reward ``-beta * kl_t`` itself
 (``kl`` = log pi_old - log pi_teacher, k1), not summed, not whitened.
@@ -230,6 +233,18 @@ def reinforce_baseline(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
     returns = rollouts.broadcast(rollouts.reward - rollouts.group_mean, inputs)
     advantages = returns if inputs.no_whiten else whiten(returns, inputs.action_mask)
     return advantages, returns
+
+
+@register_estimator("flash_reinforce")
+def flash_reinforce(inputs: AdvantageInputs) -> tuple[Tensor, Tensor]:
+    """FlashREINFORCE's one-batch baseline: A = R - mean(R over every rollout of the batch), no std, no whitening.
+
+    One rollout per prompt, so there is no group to compare with: the baseline is the mean reward of the batch's
+    rollouts (each counted once, however many segments it has), the whole batch, before any micro-batch split.
+    """
+    rollouts = _GroupedRollouts.from_inputs(inputs)
+    advantages = rollouts.broadcast(rollouts.reward - rollouts.reward.mean(), inputs)
+    return advantages, advantages
 
 
 @register_estimator("rloo")

@@ -20,15 +20,26 @@ reward per rollout (0 or negative for the overlong penalty).
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
 from molt_train.algorithms.grouping import index_by
 
-if TYPE_CHECKING:
-    from molt_train.config import RewardConfig
+
+class RewardShaping(Protocol):
+    """The ``--reward.*`` settings ``shape_rewards`` reads (``molt_train.config.algo.RewardConfig`` has them): the
+    algorithms import nothing of the config, which imports their registries."""
+
+    @property
+    def clip_range(self) -> tuple[float, float] | None: ...
+    @property
+    def overlong_buffer_len(self) -> int: ...
+    @property
+    def overlong_penalty_factor(self) -> float: ...
+    @property
+    def stop_properly_penalty_coef(self) -> float | None: ...
 
 
 def shape_rewards(
@@ -36,7 +47,7 @@ def shape_rewards(
     rollout_ids: Sequence[Hashable],
     lengths: Tensor,
     truncated: Tensor,
-    shaping: RewardConfig,
+    shaping: RewardShaping,
     max_len: int,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Apply the ``--reward.*`` settings to per-row rewards (N,), given each row's length and truncation.

@@ -49,22 +49,16 @@ import pickle
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from molt_envs import Generation, SamplingParams
 from molt_envs.vision import MAX_IMAGES, VisionInputs
-from molt_train.engines.weight_buckets import BUCKET_BYTES, pack, plan_buckets, share
-
-if TYPE_CHECKING:
-    from molt_train.engine_config import VLLMConfig
+from molt_train.config.engine import BUCKET_BYTES, VLLM_INSTALL_HINT, VLLMConfig
+from molt_train.engines.weight_buckets import pack, plan_buckets, share
 
 WORKER_EXTENSION = "molt_train.engines.vllm_worker.WeightSyncExtension"
-VLLM_INSTALL_HINT = (
-    "--rollout.engine vllm needs vLLM (a CUDA build, e.g. vllm==0.24.0 with torch 2.11): "
-    "pip install vllm, or use --rollout.engine hf"
-)
 
 
 def engine_kwargs(options: VLLMConfig, model: str, seed: int = 0) -> dict[str, Any]:
@@ -97,6 +91,8 @@ def engine_kwargs(options: VLLMConfig, model: str, seed: int = 0) -> dict[str, A
     if options.max_num_seqs and options.max_num_seqs > 512 and not options.enforce_eager:
         # vLLM captures CUDA graphs up to 512 sequences by default; a fuller decode batch would run without one
         kwargs["compilation_config"] = {"max_cudagraph_capture_size": options.max_num_seqs}
+    if options.moe_backend is not None:
+        kwargs["moe_backend"] = options.moe_backend
     if options.mtp_num_speculative_tokens:
         kwargs["speculative_config"] = {"method": "mtp", "num_speculative_tokens": options.mtp_num_speculative_tokens}
     return kwargs

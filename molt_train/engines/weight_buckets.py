@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-BUCKET_BYTES = 512 << 20
+from molt_train.config.engine import BUCKET_BYTES
+
 ALIGN = 256
 
 

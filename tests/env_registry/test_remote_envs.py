@@ -199,7 +199,7 @@ HOSTILE = textwrap.dedent("""
     import json, sys
     from fastapi import FastAPI, WebSocket
     from fastapi.responses import HTMLResponse
-    from molt_envs.env_server import serve
+    from molt_envs.remote.server import serve
 
     mode, metadata = sys.argv[1], json.loads(sys.argv[2])
     app = FastAPI()

@@ -12,7 +12,7 @@ from molt_envs import ChatAgent, Result
 from molt_envs.conformance import check_env
 from molt_envs.envs.chat_gsm8k import ChatGSM8KAgent, ChatGSM8KAnthropicAgent
 from molt_envs.replay_model import ByteChatTokenizer
-from molt_envs.sessions import ChatTemplate
+from molt_envs.sessions.session import ChatTemplate
 
 ROWS = [
     {

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from molt_envs import Result, SamplingParams
-from molt_envs.env_protocol import (
+from molt_envs.remote.protocol import (
     CLIENT_MESSAGE,
     PROTOCOL,
     STEP_REPLY,
@@ -21,13 +21,13 @@ from molt_envs.env_protocol import (
     step_state,
 )
 
-SCHEMA = Path(__file__).resolve().parents[2] / "molt_envs" / "env_protocol.schema.json"
+SCHEMA = Path(__file__).resolve().parents[2] / "molt_envs" / "remote" / "protocol.schema.json"
 
 
 def test_the_committed_schema_is_the_protocols():
     committed = json.loads(SCHEMA.read_text())
     assert committed == json.loads(json.dumps(protocol_json_schema())), (
-        "regenerate molt_envs/env_protocol.schema.json from protocol_json_schema() (and bump PROTOCOL_VERSION if a "
+        "regenerate molt_envs/remote/protocol.schema.json from protocol_json_schema() (and bump PROTOCOL_VERSION if a "
         "client of the previous schema would misread the new one)"
     )
     assert committed["protocol"] == PROTOCOL == "molt-env/1"

@@ -18,7 +18,7 @@ import torch
 from chat_support import CALC_TOOL, RecordingEngine, ScriptedEngine, encode, render
 
 from molt_envs import SamplingParams
-from molt_envs.sessions import INLINE_MAX_CHARS, ChatRequest, ChatTemplate, Session
+from molt_envs.sessions.session import INLINE_MAX_CHARS, ChatRequest, ChatTemplate, Session
 
 
 async def chat(client, messages, **kwargs):

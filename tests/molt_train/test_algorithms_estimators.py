@@ -238,3 +238,36 @@ def test_the_group_baseline_ignores_the_kl_and_whitening_follows_it():
     mean = ret[MASK].mean()
     std = ret[MASK].var(unbiased=False).sqrt()
     torch.testing.assert_close(adv[MASK], (ret[MASK] - mean) / std)
+
+
+def test_flash_reinforce_centres_on_the_batch_mean_without_std_or_whitening():
+    # one rollout per prompt: four groups of one, rewards 1, 0, 3, 1 -> batch mean 5/4 = 1.25
+    inp = inputs([1.0, 0.0, 3.0, 1.0], groups=("a", "b", "c", "d"))
+    adv, ret = run("flash_reinforce", inp)
+    expected = torch.tensor(
+        [
+            [-0.25, -0.25, 0.0],
+            [-1.25, -1.25, -1.25],
+            [0.0, 1.75, 1.75],
+            [-0.25, 0.0, 0.0],
+        ]
+    )
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected)
+    # whitening is not part of it: no_whiten changes nothing
+    torch.testing.assert_close(run("flash_reinforce", inputs([1.0, 0.0, 3.0, 1.0], no_whiten=True))[0], expected)
+
+
+def test_flash_reinforce_counts_a_segmented_rollout_once_and_adds_the_kl_return_to_go():
+    # r0 in two segments (R = 1 on both), r1 R = 0, r2 R = 0: mean over rollouts 1/3 (per row it would be 1/2)
+    mask = torch.ones(4, 2, dtype=torch.bool)
+    inp = inputs([1.0, 1.0, 0.0, 0.0], mask, groups=("a", "a", "b", "c"), rollouts=("r0", "r0", "r1", "r2"))
+    adv, _ = run("flash_reinforce", inp)
+    third = 1 / 3
+    expected = torch.tensor([[2 * third] * 2, [2 * third] * 2, [-third] * 2, [-third] * 2])
+    torch.testing.assert_close(adv, expected)
+    adv, _ = run("flash_reinforce", inputs([1.0, 0.0, 3.0, 1.0], groups="abcd", kl=KL, kl_coef=0.5))
+    # batch advantages -0.25, -1.25, 1.75, -0.25 plus the KL return-to-go
+    torch.testing.assert_close(
+        adv, torch.tensor([[-0.45, -0.35, 0.0], [-1.55, -1.45, -1.35], [0.0, 1.55, 1.65], [-0.35, 0.0, 0.0]])
+    )

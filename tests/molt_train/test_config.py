@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from molt_train import flags
-from molt_train.config import COMMANDS, ActorConfig, RLConfig, SFTConfig, parse
+from molt_train.config import COMMANDS, ActorConfig, RLConfig, SFTConfig, flags, parse
 
 BASE = ["--env", "molt/arith-v1", "--actor.model_name_or_path", "m", "--ckpt.output_dir", "out"]
 
@@ -31,6 +30,8 @@ def test_dotted_flags_nest_and_keep_types():
             "--actor.eps_clip_low_high",
             "0.2",
             "0.28",
+            "--algo.advantage.is_correction_level",
+            "token",
             "--algo.advantage.is_correction_threshold",
             "0.99",
             "1.01",
@@ -229,4 +230,6 @@ def test_help_shows_only_the_flags_the_command_reads(capsys):
 
 def test_the_readme_lists_every_flag_of_every_command():
     readme = (Path(__file__).resolve().parents[2] / "molt_train" / "README.md").read_text()
-    assert flags.markdown(COMMANDS) in readme, "regenerate the tables: python -m molt_train.config"
+    from molt_train.config.seed import SEED_FLAGS
+
+    assert flags.markdown(COMMANDS, SEED_FLAGS) in readme, "regenerate the tables: python -m molt_train.config"

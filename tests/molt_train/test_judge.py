@@ -49,7 +49,7 @@ def test_the_rubric_score_is_the_first_digit():
 
 
 async def test_judge_calls_are_served_outside_every_session(tiny_engine, tiny_tokenizer):
-    from molt_envs.session_server import SessionServer
+    from molt_envs.sessions.server import SessionServer
 
     server = SessionServer(tiny_engine, tiny_tokenizer)
     root = await server.start()

@@ -13,7 +13,7 @@ import torch
 
 from molt_train import rl_cli
 from molt_train.config import parse
-from molt_train.flags import ConfigError
+from molt_train.config.flags import ConfigError
 
 BASE = ["--rollout.batch_size", "4", "--rollout.n_samples_per_prompt", "2", "--rollout.max_new_tokens", "4"]
 BASE += ["--eval.max_samples", "0", "--actor.adam.lr", "1e-3", "--no-logger.progress", "--data.max_len", "64"]

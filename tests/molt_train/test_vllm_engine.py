@@ -15,6 +15,7 @@ import torch
 from molt_envs import SamplingParams
 from molt_train.actor_backend import freeze_router, load_policy_model
 from molt_train.config import RLConfig, VLLMConfig, parse
+from molt_train.config.flags import flags as flag_list
 from molt_train.engines.vllm import (
     VLLMEngine,
     broadcast_plan,
@@ -23,7 +24,6 @@ from molt_train.engines.vllm import (
     sampling_kwargs,
 )
 from molt_train.engines.weight_buckets import ALIGN, TensorMeta, pack, plan_buckets, share, unpack
-from molt_train.flags import flags as flag_list
 
 
 def test_importing_the_engine_module_does_not_import_vllm():

@@ -23,7 +23,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from molt_envs.request_fields import (
+from molt_envs.sessions.request_fields import (
     content_of,
     image_part,
     joined,
@@ -32,7 +32,7 @@ from molt_envs.request_fields import (
     sampling_overrides,
     text_of,
 )
-from molt_envs.sessions import BadRequest, ChatRequest, Reply, Session, WireCall
+from molt_envs.sessions.session import BadRequest, ChatRequest, Reply, Session, WireCall
 
 STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 ROLES = ("user", "assistant", "system")

@@ -21,7 +21,7 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import WebSocketException
 
 from molt_envs.contract import ChatAgent, ChatContext, Env, Result, StepState
-from molt_envs.env_protocol import (
+from molt_envs.remote.protocol import (
     CLOSE_REPLY,
     EXECUTION_ERROR,
     FACTORY_ERROR,

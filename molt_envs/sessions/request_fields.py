@@ -8,7 +8,7 @@ from dataclasses import fields
 from typing import Any
 
 from molt_envs.contract import SamplingParams
-from molt_envs.sessions import BadRequest
+from molt_envs.sessions.session import BadRequest
 
 
 def optional(body: dict[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:

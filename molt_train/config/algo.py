@@ -1,33 +1,23 @@
-"""The ``--algo.*``, ``--critic.*``, ``--reward.*`` (and ``adam``) flag groups of ``molt-train rl`` and every rule on the algorithm's flags.
+"""The ``--algo.*``, ``--critic.*``, ``--reward.*`` flag groups of ``molt-train rl`` and every rule on the algorithm's flags.
 
-``config.py`` holds the other groups and the command configs; ``RLConfig`` calls ``validate_algo`` once its
-dependent defaults are filled. The rules refuse combinations that would silently train the wrong thing (an
-estimator without what it reads, a loss mode with a knob it has no form for, an IS gate that cannot be applied),
-each with a ``ConfigError`` naming the flags and saying what to do.
+``groups.py`` holds the shared groups (``adam`` among them) and ``commands.py`` the command configs; ``RLConfig``
+calls ``validate_algo`` once its dependent defaults are filled. The rules refuse combinations that would silently
+train the wrong thing (an estimator without what it reads, a loss mode with a knob it has no form for, an IS gate
+that cannot be applied), each with a ``ConfigError`` naming the flags and saying what to do.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from molt_train.algorithms import ESTIMATORS, IS_GATINGS, IS_LEVELS, IS_MODES, KL_ESTIMATORS
-from molt_train.flags import ConfigError, group, option
-
-if TYPE_CHECKING:
-    from molt_train.config import RLConfig
+from molt_train.algorithms.estimators import ESTIMATORS
+from molt_train.algorithms.is_correction import IS_GATINGS, IS_LEVELS, IS_MODES
+from molt_train.algorithms.kl import KL_ESTIMATORS
+from molt_train.config.flags import ConfigError, group, option
+from molt_train.config.groups import ActorConfig, AdamConfig, DataConfig, RefConfig, RolloutConfig, TrainConfig
 
 GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "grpo", "dr_grpo")
-
-
-@dataclass(frozen=True)
-class AdamConfig:
-    """AdamW settings (``--actor.adam.*``, ``--critic.adam.*``)."""
-
-    lr: float = option(1e-6, "AdamW learning rate", minimum=0)
-    betas: tuple[float, float] = option((0.9, 0.95), "AdamW betas")
-    eps: float = option(1e-8, "AdamW eps", minimum=0)
-    weight_decay: float = option(0.0, "AdamW weight decay", minimum=0)
 
 
 @dataclass(frozen=True)
@@ -102,6 +92,28 @@ class RewardConfig:
     stop_properly_penalty_coef: float | None = option(None, "truncated rollouts: reward*C (C in [0,1]) or C (C < 0)")
 
 
+class AlgoRuleInputs(Protocol):
+    """The groups the algorithm's rules read of a command config (``RLConfig`` has them all). A protocol, not
+    ``RLConfig`` itself, so that this module stays below ``commands.py``, which calls it."""
+
+    @property
+    def actor(self) -> ActorConfig: ...
+    @property
+    def algo(self) -> AlgoConfig: ...
+    @property
+    def critic(self) -> CriticConfig: ...
+    @property
+    def data(self) -> DataConfig: ...
+    @property
+    def ref(self) -> RefConfig: ...
+    @property
+    def reward(self) -> RewardConfig: ...
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def train(self) -> TrainConfig: ...
+
+
 def algo_defaults(algo: AlgoConfig) -> AlgoConfig:
     """The dependent defaults: ``on_policy_distill`` makes the KL to the teacher the reward (``--algo.kl.ref model``,
     ``--algo.kl.init_coef`` 1.0 when left at 0)."""
@@ -110,7 +122,7 @@ def algo_defaults(algo: AlgoConfig) -> AlgoConfig:
     return replace(algo, kl=replace(algo.kl, ref="model", init_coef=algo.kl.init_coef or 1.0))
 
 
-def validate_algo(cfg: RLConfig) -> None:
+def validate_algo(cfg: AlgoRuleInputs) -> None:
     """Every rule on ``--algo.*``, ``--reward.*`` and the policy loss's ``--actor.*`` flags; raises ``ConfigError``."""
     n = cfg.rollout.n_samples_per_prompt
     adv, algo = cfg.algo.advantage, cfg.algo
@@ -143,6 +155,7 @@ def validate_algo(cfg: RLConfig) -> None:
             f"{adv.estimator}); drop the --critic flags or use gae"
         )
     _validate_is_correction(cfg)
+    _validate_flash_reinforce(cfg)
     _validate_reward(cfg.reward, cfg.data.max_len)
     if algo.kl.init_coef > 0 and algo.kl.ref == "rollout" and cfg.rollout.top_p < 1:
         raise ConfigError(
@@ -151,7 +164,32 @@ def validate_algo(cfg: RLConfig) -> None:
         )
 
 
-def _validate_distill(cfg: RLConfig) -> None:
+def _validate_flash_reinforce(cfg: AlgoRuleInputs) -> None:
+    """FlashREINFORCE (``flash_reinforce``: one rollout per prompt, the batch-mean baseline) and
+    ``--train.force_on_policy`` (one optimizer step per fresh rollout batch, never replayed; pi_old = pi)."""
+    adv, train, n = cfg.algo.advantage, cfg.train, cfg.rollout.n_samples_per_prompt
+    if adv.estimator == "flash_reinforce":
+        if n != 1:
+            raise ConfigError(
+                f"--algo.advantage.estimator flash_reinforce is single-rollout (one sample per prompt, the batch "
+                f"mean its baseline), got --rollout.n_samples_per_prompt {n}; use 1, or a group estimator "
+                "(grpo, rloo, reinforce_baseline, dr_grpo) for several samples per prompt"
+            )
+        if not train.force_on_policy:
+            raise ConfigError(
+                "--algo.advantage.estimator flash_reinforce takes one optimizer step per fresh rollout batch: pass "
+                "--train.force_on_policy"
+            )
+    rows = cfg.rollout.batch_size * n  # (--train.max_epochs > 1 and overlap are refused in commands.py)
+    if train.force_on_policy and train.batch_size and train.batch_size < rows:
+        raise ConfigError(
+            f"--train.force_on_policy takes one optimizer step over the whole rollout batch ({rows} rows: "
+            f"--rollout.batch_size x --rollout.n_samples_per_prompt); --train.batch_size {train.batch_size} would "
+            "split it into several: use --train.batch_size 0 (the whole batch) or the batch's row count"
+        )
+
+
+def _validate_distill(cfg: AlgoRuleInputs) -> None:
     kl = cfg.algo.kl
     if cfg.ref.model_name_or_path is None:
         raise ConfigError(
@@ -184,7 +222,7 @@ def check_teacher_tokenizer(student_path: str, teacher_path: str) -> None:
         )
 
 
-def _validate_loss_mode(cfg: RLConfig) -> None:
+def _validate_loss_mode(cfg: AlgoRuleInputs) -> None:
     actor = cfg.actor
     low, high = actor.eps_clip_low_high
     if low < 0 or high < 0:
@@ -203,7 +241,7 @@ def _validate_loss_mode(cfg: RLConfig) -> None:
         )
 
 
-def _validate_is_correction(cfg: RLConfig) -> None:
+def _validate_is_correction(cfg: AlgoRuleInputs) -> None:
     """Refuse IS-correction settings that would silently train on biased updates."""
     adv, train = cfg.algo.advantage, cfg.train
     level, mode = adv.is_correction_level, adv.is_correction_mode
@@ -242,7 +280,7 @@ def _validate_is_correction(cfg: RLConfig) -> None:
         )
 
 
-def _validate_score_centering(cfg: RLConfig) -> None:
+def _validate_score_centering(cfg: AlgoRuleInputs) -> None:
     adv, k = cfg.algo.advantage, cfg.algo.advantage.score_centering_top_k
     if not k:
         return

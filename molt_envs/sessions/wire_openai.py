@@ -16,8 +16,8 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from molt_envs.request_fields import content_of, data_uri, optional, optional_str, sampling_overrides, text_of
-from molt_envs.sessions import BadRequest, ChatRequest, Reply, Session, WireCall
+from molt_envs.sessions.request_fields import content_of, data_uri, optional, optional_str, sampling_overrides, text_of
+from molt_envs.sessions.session import BadRequest, ChatRequest, Reply, Session, WireCall
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_N = 128

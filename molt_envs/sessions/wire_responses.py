@@ -27,9 +27,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from molt_envs.request_fields import content_of, data_uri, optional, optional_str, sampling_overrides, text_of
-from molt_envs.sessions import BadRequest, ChatRequest, Reply, Session, WireCall
-from molt_envs.wire_openai import error
+from molt_envs.sessions.request_fields import content_of, data_uri, optional, optional_str, sampling_overrides, text_of
+from molt_envs.sessions.session import BadRequest, ChatRequest, Reply, Session, WireCall
+from molt_envs.sessions.wire_openai import error
 
 __all__ = ["Stored", "decode", "encode", "encode_stream", "error", "stored_response"]
 

@@ -1,4 +1,4 @@
-"""The env server: envs and chat agents served over the env protocol (``molt_envs.env_protocol``), FastAPI + uvicorn.
+"""The env server: envs and chat agents served over the env protocol (``molt_envs.remote.protocol``), FastAPI + uvicorn.
 
 Each WebSocket is one episode with a fresh instance, made at its first message; the instance's own failures go back
 as ``EXECUTION_ERROR`` answers (the client records them as the episode's failure), and its ``close`` runs however the
@@ -25,7 +25,7 @@ from fastapi.responses import StreamingResponse
 from pydantic import ValidationError
 
 from molt_envs.contract import ChatAgent, ChatContext, Env, Result, SamplingParams
-from molt_envs.env_protocol import (
+from molt_envs.remote.protocol import (
     CLIENT_MESSAGE,
     EXECUTION_ERROR,
     FACTORY_ERROR,
@@ -45,7 +45,7 @@ from molt_envs.env_protocol import (
     step_state,
 )
 
-log = logging.getLogger("molt_envs.env_server")
+log = logging.getLogger("molt_envs.remote.server")
 
 
 @dataclass

@@ -15,7 +15,7 @@ from env_registry.installs.isolated import IsolatedInstall
 from env_registry.remote import RemoteEnvSpec
 from molt_envs import SamplingParams
 from molt_envs.replay_model import ByteChatTokenizer, ReplayEngine
-from molt_train.env_servers import serve_here
+from molt_train.env_server_actors import serve_here
 
 ARITH = "molt/arith-v1"
 

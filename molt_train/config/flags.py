@@ -34,11 +34,21 @@ def option(
     minimum: float | None = None,
     commands: tuple[str, ...] | None = None,
     repeat: bool = False,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
     """A flag's field. ``choices``: the allowed values (a registry dict may grow after import: read at use);
     ``minimum``: the smallest allowed value; ``commands``: the commands that read it (None: all that have its group);
-    ``repeat``: a ``tuple[X, ...]`` field given as the flag repeated, one value each time."""
-    meta = {"help": help, "choices": choices, "minimum": minimum, "commands": commands, "repeat": repeat}
+    ``repeat``: a ``tuple[X, ...]`` field given as the flag repeated, one value each time; ``aliases``: other full
+    dotted names the command line accepts for it (``data.dataset`` for ``--data.prompt_dataset``), e.g. the seed
+    README's spelling."""
+    meta = {
+        "help": help,
+        "choices": choices,
+        "minimum": minimum,
+        "commands": commands,
+        "repeat": repeat,
+        "aliases": aliases,
+    }
     return dataclasses.field(default=default, metadata=meta)
 
 
@@ -64,6 +74,12 @@ class Flag:
     minimum: float | None
     group: str  # the top-level group ("actor" for actor.adam.lr; "" for a top-level flag such as --env)
     repeat: bool = False  # one value per occurrence of the flag
+    aliases: tuple[str, ...] = ()  # other dotted names of the flag on the command line
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The flag's name and its aliases."""
+        return (self.name, *self.aliases)
 
 
 def flags(cls: type, command: str) -> Iterator[Flag]:
@@ -97,6 +113,7 @@ def _walk(
             minimum=f.metadata.get("minimum"),
             group=top,
             repeat=f.metadata.get("repeat", False),
+            aliases=f.metadata.get("aliases", ()),
         )
 
 
@@ -131,14 +148,15 @@ def build_parser(cls: type, command: str, description: str | None = None) -> arg
             title = f"--{flag.group}.*" if flag.group else "run"
             sections[flag.group] = parser.add_argument_group(title, _group_doc(cls, flag.group))
         section, help_ = sections[flag.group], flag.help.replace("%", "%%")
+        names = [f"--{name}" for name in flag.names]
         if flag.kind is bool:
             section.add_argument(
-                f"--{flag.name}", action=argparse.BooleanOptionalAction, default=flag.default, help=help_
+                *names, dest=flag.name, action=argparse.BooleanOptionalAction, default=flag.default, help=help_
             )
             continue
         if flag.repeat:  # argparse appends to a copy of the (list) default
             section.add_argument(
-                f"--{flag.name}", action="append", type=flag.kind, default=list(flag.default), help=help_
+                *names, dest=flag.name, action="append", type=flag.kind, default=list(flag.default), help=help_
             )
             continue
         if flag.default is not None:
@@ -149,7 +167,7 @@ def build_parser(cls: type, command: str, description: str | None = None) -> arg
         if isinstance(flag.nargs, int):
             metavar = (metavar,) * flag.nargs
         section.add_argument(
-            f"--{flag.name}", type=flag.kind, nargs=flag.nargs, default=flag.default, help=help_, metavar=metavar
+            *names, dest=flag.name, type=flag.kind, nargs=flag.nargs, default=flag.default, help=help_, metavar=metavar
         )
     return parser
 
@@ -210,8 +228,9 @@ def check_declared(cfg: Any, command: str) -> None:
             raise ConfigError(f"--{flag.name} must be >= {flag.minimum:g}, got {value}")
 
 
-def markdown(commands: dict[str, type]) -> str:
-    """A table per flag group of every command's flags: flag, default, the commands that read it, help."""
+def markdown(commands: dict[str, type], marked: Collection[str] = ()) -> str:
+    """A table per flag group of every command's flags: flag (and its aliases), default, the commands that read it,
+    help, and "seed" where the flag or an alias is in ``marked`` (the seed README's flags)."""
     rows: dict[str, dict[str, tuple[Flag, dict[str, Any]]]] = {}
     for command, cls in commands.items():
         for flag in flags(cls, command):
@@ -221,8 +240,8 @@ def markdown(commands: dict[str, type]) -> str:
         out += [
             f"### `--{name}.*`" if name else "### run",
             "",
-            "| flag | default | commands | help |",
-            "|---|---|---|---|",
+            "| flag | seed | default | commands | help |",
+            "|---|---|---|---|---|",
         ]
         for flag, defaults in table.values():
             shown = sorted({_shown(d) for d in defaults.values()})
@@ -232,7 +251,9 @@ def markdown(commands: dict[str, type]) -> str:
                 else ", ".join(f"{command}: `{_shown(d)}`" for command, d in defaults.items())
             )
             help_ = flag.help + (f" (one of: {', '.join(sorted(flag.choices))})" if flag.choices else "")
-            cells = [f"`--{flag.name}`", default, ", ".join(defaults), help_.replace("|", "\\|")]
+            shown_name = f"`--{flag.name}`" + "".join(f" (alias `--{a}`)" for a in flag.aliases)
+            seed = "seed" if any(name in marked for name in flag.names) else ""
+            cells = [shown_name, seed, default, ", ".join(defaults), help_.replace("|", "\\|")]
             out.append("| " + " | ".join(cells) + " |")
         out.append("")
     return "\n".join(out)

@@ -51,12 +51,12 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from molt_envs import wire_anthropic, wire_openai, wire_responses
 from molt_envs.contract import SamplingParams
 from molt_envs.engine import Engine
-from molt_envs.request_fields import session_params
 from molt_envs.runners import INLINE_MAX_CHARS, off_loop
-from molt_envs.sessions import BadRequest, ChatTemplate, Session, SessionClosed, segment_json
+from molt_envs.sessions import wire_anthropic, wire_openai, wire_responses
+from molt_envs.sessions.request_fields import session_params
+from molt_envs.sessions.session import BadRequest, ChatTemplate, Session, SessionClosed, segment_json
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 

@@ -1,20 +1,24 @@
 """The ``--vllm.*`` flag group (``VLLMConfig``, what the vllm rollout engine is built with) and every rule on the
 rollout engine's flags (``--rollout.engine``, ``--vllm.*``, ``--train.partial_rollout_enable``).
 
-``config.py`` holds the other groups and the command configs; ``RLConfig`` calls ``validate_engine`` once its
-dependent defaults (``--vllm.max_model_len``) are filled.
+``groups.py`` holds the shared groups and ``commands.py`` the command configs; ``RLConfig`` calls ``validate_engine``
+once its dependent defaults (``--vllm.max_model_len``) are filled. The engines (``molt_train/engines/``) read this
+group, its default bucket size (``BUCKET_BYTES``) and its install hint from here.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from molt_train.engines.weight_buckets import BUCKET_BYTES
-from molt_train.flags import ConfigError, option
+from molt_train.config.flags import ConfigError, option
+from molt_train.config.groups import ActorConfig, DataConfig, RolloutConfig, TrainConfig
 
-if TYPE_CHECKING:
-    from molt_train.config import RLConfig
+BUCKET_BYTES = 512 << 20  # a weight-sync bucket (--vllm.bucket_mb's default)
+VLLM_INSTALL_HINT = (
+    "--rollout.engine vllm needs vLLM (a CUDA build, e.g. vllm==0.24.0 with torch 2.11): "
+    "pip install vllm, or use --rollout.engine hf"
+)
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,9 @@ class VLLMConfig:
     dtype: str = option("bfloat16", "engine weight dtype", choices=("bfloat16", "float16", "float32", "auto"))
     mtp_num_speculative_tokens: int = option(0, "MTP speculative tokens (0 = off; needs an MTP checkpoint)", minimum=0)
     enable_sleep: bool = option(False, "free vLLM's GPU memory during training (sleep/wake each step)")
+    moe_backend: str | None = option(
+        None, "vLLM's MoE kernel backend, e.g. triton (default: vLLM chooses; passed to vLLM as moe_backend)"
+    )
     bucket_mb: int = option(BUCKET_BYTES >> 20, "weight-sync bucket size in MiB (one transfer per bucket)", minimum=1)
 
     @property
@@ -57,7 +64,23 @@ class VLLMConfig:
         return self.tensor_parallel_size * self.data_parallel_size
 
 
-def validate_engine(cfg: RLConfig) -> None:
+class EngineRuleInputs(Protocol):
+    """The groups the rollout engine's rules read of a command config (``RLConfig`` has them all). A protocol, not
+    ``RLConfig`` itself, so that this module stays below ``commands.py``, which calls it."""
+
+    @property
+    def actor(self) -> ActorConfig: ...
+    @property
+    def data(self) -> DataConfig: ...
+    @property
+    def rollout(self) -> RolloutConfig: ...
+    @property
+    def train(self) -> TrainConfig: ...
+    @property
+    def vllm(self) -> VLLMConfig: ...
+
+
+def validate_engine(cfg: EngineRuleInputs) -> None:
     """``--rollout.engine`` and what goes with it: vllm runs engines colocated (CUDA IPC weight sync) or on GPUs
     of their own (NCCL), one GPU each or one engine of tensor_parallel_size x data_parallel_size GPUs
     (``check_engine_parallel``); a partial rollout is the vllm engine's pause/resume."""

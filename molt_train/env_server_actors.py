@@ -20,10 +20,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from env_registry.serving.managed_servers import PROBE_TIMEOUT_S, ManagedEndpoint, ManagedServer
 from env_registry.errors import EnvServerUnavailable
 from env_registry.installs.isolated import IsolatedInstall, install_of
 from env_registry.remote import RemoteEnvSpec
+from env_registry.serving.managed_servers import PROBE_TIMEOUT_S, ManagedEndpoint, ManagedServer
 
 
 class EnvServerActor:
