@@ -15,6 +15,7 @@ from typing import Any
 
 from env_registry.ecosystems.adapter import Adapter
 from env_registry.sources import CatalogEntry
+from molt_envs.envs.reasoning_gym import config_values
 
 ENTRY_POINT = "molt_envs.envs.reasoning_gym:ReasoningGymEnv"
 GENERATOR = "molt_envs.envs.reasoning_gym:generate_split"
@@ -69,7 +70,7 @@ class ReasoningGym(Adapter):
                     f"{', '.join(settable)} (and {', '.join(ENV_KWARGS)})"
                 )
         try:
-            config_cls(**config).validate()
+            config_cls(**config_values(name, config)).validate()
         except (AssertionError, TypeError, ValueError) as exc:
             types = ", ".join(f"{k}: {getattr(fields[k].type, '__name__', fields[k].type)}" for k in config)
             raise ValueError(f"config {config} does not fit reasoning-gym's {name} ({types}): {exc}") from None

@@ -44,12 +44,45 @@ def _dataset(task: str, difficulty: int | None, config_json: str, seed: int, siz
         curriculum = create_curriculum(task)
         curriculum.set_global_level(difficulty)
         config = vars(curriculum.generate_configuration({"seed": seed, "size": size}))
-    config.update(json.loads(config_json))
+    config.update(config_values(task, json.loads(config_json)))
     config.update(seed=seed, size=size)
     try:
         return reasoning_gym.create_dataset(task, **config)
     except TypeError as exc:
         raise ValueError(f"config {json.loads(config_json)} does not fit reasoning-gym task {task!r}: {exc}") from None
+
+
+def config_values(task: str, config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` (JSON values) with each string of a field typed as an enum, or a list of one, made that enum
+    (``aiw``'s ``task_types=["siblings"]``: reasoning-gym compares members, so a bare string would not do).
+
+    Raises:
+        ValueError: a value that is none of the enum's, naming the field and the values it takes.
+    """
+    import enum
+    import typing
+
+    from reasoning_gym.factory import DATASETS
+
+    config_cls = DATASETS[task][1]
+    try:
+        hints = typing.get_type_hints(config_cls)
+    except Exception:  # an annotation that does not resolve: leave the values as they are
+        return dict(config)
+    out = {}
+    for key, value in config.items():
+        hint = hints.get(key)
+        kind = next(
+            (t for t in (hint, *typing.get_args(hint)) if isinstance(t, type) and issubclass(t, enum.Enum)), None
+        )
+        if kind is not None and isinstance(value, str | list):
+            try:
+                value = [kind(v) for v in value] if isinstance(value, list) else kind(value)
+            except ValueError:
+                allowed = ", ".join(repr(m.value) for m in kind)
+                raise ValueError(f"{key}={value!r}: each must be one of {allowed}") from None
+        out[key] = value
+    return out
 
 
 def _config_json(config: dict[str, Any] | None) -> str:

@@ -71,6 +71,8 @@ def test_kwargs_are_in_the_spec_and_its_hash_and_upstream_names_the_library():
     assert bare.kwargs["system_prompt"] is None and bare.hash != tuned.hash
     (row,) = env_registry.load_split(bare, "test", 1)
     assert row["prompt"] == rows[0]["prompt"][1:] and row["reference"] == rows[0]["reference"]
+    siblings = env_registry.spec('rg:aiw?task_types=["siblings"]&task_type_weights=[1.0]')  # an enum field, as JSON
+    assert all("brother have?" in r["label"]["question"] for r in env_registry.load_split(siblings, "test", 20))
 
 
 @pytest.mark.parametrize(
@@ -88,6 +90,11 @@ def test_kwargs_are_in_the_spec_and_its_hash_and_upstream_names_the_library():
             "rg:countdown?system_prompt=nope",
             UnregisteredEnv,
             r"system_prompt 'nope' is not one of reasoning-gym's: .*direct",
+        ),
+        (
+            'rg:aiw?task_types=["cousins"]&task_type_weights=[1]',
+            UnregisteredEnv,
+            r"task_types=\['cousins'\]: each must be one of 'siblings', 'friends', 'colleagues'",
         ),
         ("rg:countdwn", NameNotFound, r"no env 'countdwn'\. Did you mean rg:countdown\b.*--source rg"),
         ("rg:composite", UnregisteredEnv, r"composite"),

@@ -40,12 +40,13 @@ def test_grpo_on_rg_products_beats_its_sft_start_on_held_out_rows(ray_pinned, tm
 
     sft, rl = tmp_path / "sft", tmp_path / "rl"
     common = ["--env", ENV, "--train.seed", str(SEED), "--ray.num_cpus", "2", "--actor.num_threads", "2"]
-    common += ["--rollout.max_new_tokens", "8", "--eval.max_new_tokens", "8", "--no-logger.progress"]
+    common += ["--no-logger.progress"]
     sft_args = ["--model.config", "tiny", "--model.hidden_size", "128", "--model.num_layers", "2"]
     sft_args += ["--train.batch_size", "64", "--actor.adam.lr", "3e-3", "--data.max_samples", "64"]
     sft_args += ["--train.num_steps", "75", "--ckpt.output_dir", str(sft), "--eval.max_samples", "0"]
     assert sft_cli.main([*common, *sft_args]) == 0
     rl_args = ["--actor.model_name_or_path", str(sft / "hf"), "--ckpt.output_dir", str(rl)]
+    rl_args += ["--rollout.max_new_tokens", "8", "--eval.max_new_tokens", "8"]
     rl_args += ["--algo.advantage.estimator", "grpo", "--rollout.n_samples_per_prompt", "8"]
     rl_args += ["--rollout.batch_size", "48", "--rollout.temperature", "1.0", "--actor.adam.lr", "1e-3"]
     rl_args += ["--actor.lr_warmup_ratio", "0.1", "--actor.lr_scheduler", "cosine", "--train.batch_size", "192"]
