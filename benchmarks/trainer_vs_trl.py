@@ -18,6 +18,11 @@ completed steps over its own loop time. Accuracy: held-out greedy exact match on
 CPU threads: ``--threads`` in total at any moment on both sides: TRL runs in one process with that many torch
 threads; molt (``--train.force_sync_mode``) alternates its rollout worker and its trainer worker, each with that many
 (with ``--async_queue N`` they overlap, N batches ahead, with half the threads each: molt's async mode, off-policy).
+OpenMP threads sleep while they wait on both sides (``OMP_WAIT_POLICY=PASSIVE``, set before torch loads, inherited by
+molt's Ray workers; ``molt-train demo`` sets the same): spinning ones cost nothing on idle cores, but when another
+process shares them a spinning side runs several times slower (2026-12-04, TRL at load ~2: 0.15 steps/s spinning,
+0.67 sleeping), so the comparison measured the machine's other load more than the trainers. An explicit
+``OMP_WAIT_POLICY`` in the environment wins.
 Each seed (``--seeds``) runs molt, then TRL with that molt run's seconds as its budget, both with that seed (a
 single run's accuracy swings widely with the seed at this size); the table shows each seed and the means, and the
 ratio of the mean samples/s.
@@ -200,6 +205,7 @@ def main() -> int:
     )
     args = parser.parse_args()
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch is imported (above), for both sides
     if not args.smoke:
         return compare(args, SFT_STEPS)
     args.steps, args.seeds, args.prompts_per_step, args.samples_per_prompt, args.eval_rows = 2, args.seeds[:1], 4, 4, 16

@@ -20,7 +20,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
+# Sleeping OpenMP threads, set before torch loads its OpenMP runtime (trainer_vs_trl.py says why; an explicit
+# OMP_WAIT_POLICY wins).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # noqa: E402
 
 ENV = "molt/arith-v1"
 

@@ -15,7 +15,6 @@ from typing import Any
 
 from env_registry.ecosystems.adapter import Adapter
 from env_registry.sources import CatalogEntry
-from molt_envs.envs.reasoning_gym import config_values
 
 ENTRY_POINT = "molt_envs.envs.reasoning_gym:ReasoningGymEnv"
 GENERATOR = "molt_envs.envs.reasoning_gym:generate_split"
@@ -69,6 +68,8 @@ class ReasoningGym(Adapter):
                     f"reasoning-gym's {name} config has no field {key!r} to set; its fields: "
                     f"{', '.join(settable)} (and {', '.join(ENV_KWARGS)})"
                 )
+        from molt_envs.envs.reasoning_gym import config_values  # imports reasoning-gym: not at registration
+
         try:
             config_cls(**config_values(name, config)).validate()
         except (AssertionError, TypeError, ValueError) as exc:

@@ -92,8 +92,11 @@ def test_cuda_graphs_cover_a_full_decode_batch_above_vllms_512_default():
     ("flags", "message"),
     [
         (["--vllm.tensor_parallel_size", "0"], "tensor_parallel_size must be >= 1"),
-        (["--vllm.gpu_memory_utilization", "1.5"], "gpu_memory_utilization must be in"),
-        (["--vllm.mtp_num_speculative_tokens", "1", "--vllm.enable_prefix_caching"], "cannot be combined"),
+        (["--rollout.engine", "vllm", "--vllm.gpu_memory_utilization", "1.5"], "gpu_memory_utilization must be in"),
+        (
+            ["--rollout.engine", "vllm", "--vllm.mtp_num_speculative_tokens", "1", "--vllm.enable_prefix_caching"],
+            "cannot be combined",
+        ),
         (["--vllm.dtype", "fp8"], "--vllm.dtype 'fp8' is unknown; choose one of"),
     ],
 )
