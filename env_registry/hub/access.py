@@ -10,7 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from env_registry.errors import Error
+from env_registry.errors import Error, UnregisteredEnv
 from env_registry.store.local import Conflict, Forbidden, NotFound
 
 SESSION_COOKIE = "molt_session"
@@ -24,7 +24,7 @@ class Unauthorized(Error):
     """No credentials were sent (HTTP 401)."""
 
 
-STATUS = {Unauthorized: 401, NotFound: 404, Conflict: 409, Forbidden: 403}  # any other registry Error is a 400
+STATUS = {Unauthorized: 401, NotFound: 404, UnregisteredEnv: 404, Conflict: 409, Forbidden: 403}  # others: 400
 
 
 bearer = HTTPBearer(auto_error=False, description="a publish token from `molt-env token mint`")

@@ -32,7 +32,7 @@ from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
 from env_registry.errors import Error
-from env_registry.hub import readme
+from env_registry.hub import ecosystem_cards, readme
 from env_registry.hub.access import SESSION_COOKIE, STATUS, logged_in, request_token
 from env_registry.ids import parse_env_id
 from env_registry.packages import names
@@ -193,6 +193,7 @@ def hub_router() -> APIRouter:
             newest=sorted(cards, key=lambda c: -c["uploaded"])[:LISTED],
             most_installed=sorted(cards, key=lambda c: (-c["downloads"], c["name"]))[:LISTED],
             total=len(everything),
+            schemes=ecosystem_cards.schemes(),
         )
 
     @router.get("/packages/{package}")
@@ -225,6 +226,14 @@ def hub_router() -> APIRouter:
         return _env_card(request, name, version)
 
     def _env_card(request: Request, env_id: str, version: str) -> HTMLResponse:
+        if ecosystem_cards.is_foreign(env_id):
+            if version:
+                raise BadQuery(
+                    f"{env_id} is another ecosystem's env: its version is the upstream library's, no ?version="
+                )
+            card = ecosystem_cards.card(env_id)
+            scheme = env_id.partition(":")[0]
+            return render(request, "ecosystem_env.html", card=card, scheme=scheme, spec_hash=card["spec"].hash)
         registry: LocalRegistry = request.app.state.registry
         parsed = parse_env_id(env_id)
         if parsed.pin is not None:
@@ -261,6 +270,12 @@ def hub_router() -> APIRouter:
             pass_keys=pass_keys,
             siblings=siblings,
         )
+
+    @router.get("/sources/{scheme}")
+    def source_page(request: Request, scheme: str) -> HTMLResponse:
+        """Every ID of another ecosystem's scheme that the server's installed sources list, with availability."""
+        entries = ecosystem_cards.catalog(_query(scheme, "the scheme"))
+        return render(request, "source.html", scheme=scheme, entries=entries, schemes=ecosystem_cards.schemes())
 
     @router.get("/login")
     def login_form(request: Request, next: str = "/") -> HTMLResponse:

@@ -3,11 +3,13 @@ install counts, login sessions, and what hostile input gets (4xx or inert output
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import sqlite3
 import time
 from html.parser import HTMLParser
+from urllib.parse import quote
 
 import httpx
 import psycopg
@@ -282,3 +284,43 @@ def test_private_pages_need_a_session_cookie(private_server):
     out = httpx.post(f"{url}/logout", cookies={"molt_session": again})
     assert out.status_code == 303 and 'molt_session=""' in out.headers["set-cookie"]
     assert httpx.get(f"{url}/", cookies={"molt_session": again}).status_code == 401  # the session is gone
+
+
+def test_other_ecosystems_envs_get_cards_and_a_catalog_page(server):
+    """``rg:``/``gym:`` IDs installed on the server: a card with the source, upstream version, license and the prompts
+    as the model sees them; a catalog page per scheme; unknown names, URLs and schemes are 4xx, never fetched."""
+    from importlib.metadata import version
+
+    from reasoning_gym.factory import DATASETS
+
+    import env_registry
+    from env_registry.datasets import load_split
+    from env_registry.hub import ecosystem_cards
+
+    index = httpx.get(server.url + "/", timeout=60).text
+    assert 'href="/sources/rg"' in index and 'href="/sources/textarena"' in index
+
+    page = httpx.get(server.url + "/envs/rg:countdown", timeout=60)
+    assert page.status_code == 200, page.text[:500]
+    facts = dict(re.findall(r"<dt>([^<]+)</dt><dd>([^<]*)</dd>", page.text))
+    assert facts["Source ecosystem"] == "rg" and facts["License"] == "Apache-2.0"
+    assert facts["Upstream library"].split() == ["reasoning-gym", version("reasoning-gym")]
+    first = load_split(env_registry.spec("rg:countdown"), "test", 1)[0]["prompt"][-1]["content"]
+    assert html.escape(first.splitlines()[0], quote=False) in page.text  # the test split's first prompt, escaped
+    assert env_registry.spec("rg:countdown").hash in page.text and active_content(page.text) == []
+
+    game = httpx.get(server.url + "/envs/gym:FrozenLake-v1", timeout=60).text
+    assert "gymnasium" in game and version("gymnasium") in game and "FrozenLake-v1 episode 0" in game  # rows: seeds
+
+    listing = httpx.get(server.url + "/sources/rg", timeout=60)
+    assert listing.status_code == 200
+    assert set(re.findall(r"<code>(rg:[^<]+)</code>", listing.text)) == {f"rg:{n}" for n in DATASETS}
+
+    wrong = httpx.get(server.url + "/envs/rg:countdwn", timeout=60)
+    assert wrong.status_code == 404 and "countdown" in wrong.text  # did you mean
+    url = httpx.get(server.url + "/envs/openenv:" + quote("http://127.0.0.1:9/", safe=""), timeout=60)
+    assert 400 <= url.status_code < 500  # no route takes a URL's slashes; were one to, the card refuses it:
+    with pytest.raises(ecosystem_cards.NotAnEcosystemCard, match="never fetches"):
+        ecosystem_cards.card("openenv:http://127.0.0.1:9/")
+    assert httpx.get(server.url + "/sources/nope", timeout=60).status_code == 404
+    assert httpx.get(server.url + "/envs/rg:countdown?version=1", timeout=60).status_code == 400
