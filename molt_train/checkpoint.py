@@ -1,6 +1,7 @@
 """Checkpoints: ``<output_dir>/checkpoints/step_N/`` holds ``hf/`` (safetensors + tokenizer, loadable by
 ``AutoModelForCausalLM``), ``trainer_state.pt`` (optimizer, scheduler, RNG), ``state.json`` (step, data position),
-``adapter/`` for a LoRA run and ``_critic/`` for a PPO (gae) run.
+``adapter/`` for a LoRA run and ``_critic/`` for a PPO (gae) run. A run of envs records the envs it trained on
+(``env_registry.mix.env_lock``) in ``state.json`` (``env_lock``) and in each ``hf/`` as ``molt_env_lock.json``.
 
 Everything is written into a temporary directory and renamed into place, and ``latest`` is replaced atomically
 last, so a run killed at any instant leaves either the previous checkpoint or the new one, never half of one.
@@ -12,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
+from env_registry.mix import lock_changes, write_lock
 from molt_train.worker_group import WorkerGroup
 
 
@@ -30,8 +33,10 @@ def save(
     state: dict[str, Any],
     max_num: int,
     critic: WorkerGroup | None = None,
+    env_lock: dict[str, Any] | None = None,
 ) -> Path:
-    """``step_N``: the policy's hf/ and state, and with a ``critic`` group its ``_critic/`` (weights, optimizer)."""
+    """``step_N``: the policy's hf/ and state, and with a ``critic`` group its ``_critic/`` (weights, optimizer);
+    ``env_lock`` goes into ``state.json`` and ``hf/molt_env_lock.json``."""
     root = checkpoints_dir(output_dir)
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-step_{step}"
@@ -40,6 +45,10 @@ def save(
     group.call("save", directory=str(tmp), tokenizer_path=tokenizer_path)
     if critic is not None:
         critic.call("save", directory=str(tmp))
+    if env_lock is not None:
+        state = {**state, "env_lock": env_lock}
+        if (tmp / "hf").is_dir():
+            write_lock(tmp / "hf", env_lock)
     (tmp / "state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     final = root / f"step_{step}"
     shutil.rmtree(final, ignore_errors=True)
@@ -63,14 +72,27 @@ def read_state(checkpoint: Path) -> dict[str, Any]:
     return json.loads((checkpoint / "state.json").read_text())
 
 
-def export_hf(group: WorkerGroup, output_dir: str | Path, tokenizer_path: str) -> Path:
-    """Write the current weights to ``<output_dir>/hf`` atomically (model + tokenizer only; a LoRA run also writes
-    its PEFT adapter directory to ``<output_dir>/adapter``)."""
+def warn_env_changes(state: dict[str, Any], env_lock: dict[str, Any] | None, checkpoint: Path) -> list[str]:
+    """A resumed run: warn, naming each env whose version or spec hash differs from the one ``checkpoint`` was
+    trained on (its ``state.json``'s ``env_lock``); returns the sentences."""
+    changes = lock_changes(state.get("env_lock"), env_lock or {})
+    for change in changes:
+        warnings.warn(f"resuming {checkpoint} with a changed env: {change}", stacklevel=2)
+    return changes
+
+
+def export_hf(
+    group: WorkerGroup, output_dir: str | Path, tokenizer_path: str, env_lock: dict[str, Any] | None = None
+) -> Path:
+    """Write the current weights to ``<output_dir>/hf`` atomically (model + tokenizer only, and ``env_lock`` as
+    ``molt_env_lock.json``; a LoRA run also writes its PEFT adapter directory to ``<output_dir>/adapter``)."""
     out = Path(output_dir)
     tmp = out / ".tmp-export"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     group.call("save", directory=str(tmp), tokenizer_path=tokenizer_path, with_state=False)
+    if env_lock is not None and (tmp / "hf").is_dir():
+        write_lock(tmp / "hf", env_lock)
     for name in ("hf", "adapter"):
         if not (tmp / name).exists():
             continue

@@ -3,7 +3,7 @@
 No trainer ranks, no reference, no placement group (the vllm engine takes one whole GPU): the checkpoint's eval rows
 go through the ``RolloutWorker`` every RL run starts (``rollout.start_rollout_worker``), on a Ray cluster like a
 training run's (its isolated installs served on the driver's node, every node's paths checked). Writes
-``metrics.jsonl`` (step 0) and ``eval_results.json`` under ``--ckpt.output_dir``.
+``metrics.jsonl`` (step 0), ``eval_results.json`` and ``molt_env_lock.json`` under ``--ckpt.output_dir``.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import json
 import time
 from pathlib import Path
 
+from env_registry.mix import env_lock, write_lock
 from molt_train.config.commands import RLConfig
 from molt_train.config.inert import inert_warnings
 from molt_train.data import env_mix, load_eval_rows
@@ -69,6 +70,8 @@ def evaluate_once(cfg: RLConfig) -> dict[str, float]:
     warnings = inert_warnings(cfg, "rl")  # the training flags of a training command line: recorded, not refused
     record = {"env": cfg.env, "model": model_path, **source, "sampling": eval_sampling(cfg), **metrics}
     record["flag_warnings"] = warnings
+    record["env_lock"] = env_lock(env_mix(cfg))  # the envs scored, also as molt_env_lock.json
+    write_lock(output_dir, record["env_lock"])
     (output_dir / "config.json").write_text(json.dumps(dataclasses.asdict(cfg) | {"flag_warnings": warnings}, indent=1))
     (output_dir / "eval_results.json").write_text(json.dumps(record, indent=1))
     return metrics

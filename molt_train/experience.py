@@ -45,6 +45,8 @@ class Experience:
     advantages: Tensor | None = None  # (N, L-1), filled by the estimator
     extra: dict[str, Tensor] = field(default_factory=dict)  # logp_old / logp_ref when computed
     mm: list[VisionInputs | None] = field(default_factory=list)  # per row, for a vision model's rows; else empty
+    env_ids: list[str | None] = field(default_factory=list)  # per row: the env and spec its trajectory came from
+    spec_hashes: list[str | None] = field(default_factory=list)  # (empty for rows of no env: SFT)
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]
@@ -65,6 +67,8 @@ class Experience:
             None if self.advantages is None else self.advantages[idx],
             {k: v[idx] for k, v in self.extra.items()},
             [self.mm[i] for i in rows] if self.mm else [],
+            [self.env_ids[i] for i in rows] if self.env_ids else [],
+            [self.spec_hashes[i] for i in rows] if self.spec_hashes else [],
         )
 
 
@@ -140,6 +144,8 @@ def make_experience(trajs: Sequence[Trajectory], max_len: int, pad_id: int) -> E
         rollout_ids=[t.rollout_id for t in trajs],
         scores=[t.score for t in trajs],
         mm=[t.mm_inputs or None for t in trajs] if any(t.mm_inputs for t in trajs) else [],
+        env_ids=[t.env_id for t in trajs],
+        spec_hashes=[t.spec_hash for t in trajs],
     )
     if all("top_logprobs" in t.info for t in trajs):  # score centering: the engine's top-k, next-token axis
         k = trajs[0].info["top_logprobs"][0].shape[1]

@@ -146,3 +146,15 @@ def _rollout_figures(trajs: list[Any], dropped: dict[str, int]) -> dict[str, flo
     }
     metrics.update({f"dropped/{reason}": float(count) for reason, count in dropped.items()})
     return metrics
+
+
+def off_lock(batch: dict[str, Any], env_lock: dict[str, Any] | None) -> dict[str, list[str]]:
+    """Per env of the run (``--env`` ID as given), the spec hashes of its kept trajectories that differ from the one
+    the run's ``env_lock`` recorded (a rollout worker that resolved another version of the env); empty when all
+    match. Trajectories no runner stamped (``spec_hash`` None) are not counted."""
+    locked = {e["id"]: e["spec_hash"] for e in (env_lock or {}).get("envs", [])}
+    found: dict[str, list[str]] = {}
+    for traj, env in zip(batch["trajectories"], batch.get("trajectory_envs", []), strict=False):
+        if env in locked and traj.spec_hash is not None and traj.spec_hash != locked[env]:
+            found.setdefault(env, []).append(traj.spec_hash)
+    return found

@@ -30,11 +30,13 @@ import math
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from env_registry.mix import env_lock
 from molt_train import checkpoint, rollout_dump
 from molt_train import lora as lora_adapters
 from molt_train.config.algo import check_teacher_tokenizer
@@ -47,7 +49,7 @@ from molt_train.experience import Experience, make_experience
 from molt_train.metrics import MetricsLogger
 from molt_train.node_paths import check_every_node, shared_paths
 from molt_train.placement import bundle_gpu_ids, on_this_node, plan_placement, rank_options, reserve, rollout_options
-from molt_train.rl_batch import estimate_advantages, merge_parts, rollout_metrics, shape_and_filter
+from molt_train.rl_batch import estimate_advantages, merge_parts, off_lock, rollout_metrics, shape_and_filter
 from molt_train.rollout import eval_sampling, start_rollout_worker
 from molt_train.runtime import init_ray
 from molt_train.worker_group import WorkerGroup
@@ -81,6 +83,8 @@ class RLTrainer:
         self.env_servers = serve_here(self.env_installs) if not replay else []
         self.start_step, model_path = 0, str(Path(cfg.actor.model_name_or_path).resolve())
         self.tokenizer_path = model_path
+        self.env_lock = env_lock(env_mix(cfg))  # the envs trained on: state.json, each hf/molt_env_lock.json
+        self.warned_off_lock: set[str] = set()
         self.resumed_from = checkpoint.latest(self.output_dir) if cfg.ckpt.load_enable else None
         self.data_state: dict[str, Any] | None = None  # each env's data position after the last batch trained on
         self.lora = cfg.model if lora_adapters.enabled(cfg.model) else None
@@ -88,6 +92,7 @@ class RLTrainer:
         if self.resumed_from is not None:
             state = checkpoint.read_state(self.resumed_from)
             self.start_step, self.data_state = state["step"], state.get("data")
+            checkpoint.warn_env_changes(state, self.env_lock, self.resumed_from)
             if self.lora is None:
                 model_path = str(self.resumed_from / "hf")
             else:  # the base checkpoint + the run's adapter (its hf/ is the merged model)
@@ -272,14 +277,21 @@ class RLTrainer:
                     t = time.perf_counter()
                     state = {"data": self.data_state}
                     saved = checkpoint.save(
-                        self.policy, self.output_dir, step, self.tokenizer_path, state, cfg.ckpt.max_num, self.critic
+                        self.policy,
+                        self.output_dir,
+                        step,
+                        self.tokenizer_path,
+                        state,
+                        cfg.ckpt.max_num,
+                        self.critic,
+                        env_lock=self.env_lock,
                     )
                     if cfg.ckpt.save_hf:
                         checkpoint.keep_hf(saved, self.output_dir, step)
                     last["timing/checkpoint_s"] = time.perf_counter() - t
                 logger.log(step, last, status if len(cfg.env) > 1 else STATUS_KEYS)
             ray.get(self.producers)
-            checkpoint.export_hf(self.policy, self.output_dir, self.tokenizer_path)
+            checkpoint.export_hf(self.policy, self.output_dir, self.tokenizer_path, self.env_lock)
         finally:
             logger.close()
         return last
@@ -297,6 +309,16 @@ class RLTrainer:
             self._free_slots()  # the next rollout starts now, overlapping this step's training
         self.data_state = batch.get("data_state", self.data_state)  # none when every part of the batch was lost
         metrics.update(rollout_metrics(batch))
+        for env, hashes in off_lock(batch, self.env_lock).items():  # trajectories of another spec than the lock's
+            metrics[f"rollout/{env}/off_lock"] = float(len(hashes))
+            if env not in self.warned_off_lock:
+                self.warned_off_lock.add(env)
+                locked = next(e["spec_hash"] for e in self.env_lock["envs"] if e["id"] == env)
+                warnings.warn(
+                    f"{env}: trajectories of spec hash {sorted(set(hashes))} in a run locked to {locked} "
+                    f"(a rollout worker resolved another version; counted as rollout/{env}/off_lock)",
+                    stacklevel=2,
+                )
         sleeping = cfg.rollout.engine == "vllm" and cfg.vllm.enable_sleep and not self.replay
         if sleeping:  # force_sync_mode: nothing is generating until the sync
             t = time.perf_counter()

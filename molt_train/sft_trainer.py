@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from env_registry.mix import env_lock
 from molt_envs.vision import VisionInputs, text_tokenizer
 from molt_train import checkpoint
 from molt_train import lora as lora_adapters
@@ -46,7 +47,10 @@ class SFTTrainer:
                 "or --data.output_key"
             )
         self.start_step, data_state = 0, None
+        self.env_lock = env_lock(env_mix(cfg))  # the envs trained on: state.json, each hf/molt_env_lock.json
         self.resumed_from = checkpoint.latest(out) if cfg.ckpt.load_enable else None
+        if self.resumed_from is not None:
+            checkpoint.warn_env_changes(checkpoint.read_state(self.resumed_from), self.env_lock, self.resumed_from)
         lora = cfg.model if lora_adapters.enabled(cfg.model) else None
         adapter_dir = None
         if self.resumed_from is not None and lora is not None:  # the base + the run's adapter
@@ -104,11 +108,19 @@ class SFTTrainer:
                 metrics["timing/step"] = time.perf_counter() - t
                 if cfg.ckpt.save_steps and step % cfg.ckpt.save_steps == 0 and step < total:
                     state = {"data": self.sampler.state()}
-                    checkpoint.save(self.policy, self.output_dir, step, str(self.model_path), state, cfg.ckpt.max_num)
+                    checkpoint.save(
+                        self.policy,
+                        self.output_dir,
+                        step,
+                        str(self.model_path),
+                        state,
+                        cfg.ckpt.max_num,
+                        env_lock=self.env_lock,
+                    )
                 logger.log(step, metrics, ("train/loss",))
         finally:
             logger.close()
-        return checkpoint.export_hf(self.policy, self.output_dir, str(self.model_path))
+        return checkpoint.export_hf(self.policy, self.output_dir, str(self.model_path), self.env_lock)
 
     def shutdown(self) -> None:
         self.policy.shutdown()

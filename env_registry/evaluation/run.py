@@ -3,9 +3,10 @@
 ``evaluate`` plays ``n`` samples of every row of every env through a ``Policy``, at most ``concurrency`` requests
 (a sample, or a prompt's samples sent as one request with ``n``) at a time, each sample under its own ``timeout_s``;
 stores each sample as it finishes (durably, with an output directory); skips the samples a previous run already
-stored (of a prompt partly stored, only the missing ones are requested); then writes ``summary.json``,
-``report.md`` and ``report.png``. ``summary.json``'s ``requests`` says, per env, whether one request with ``n``
-per prompt or one request per sample was used, and why.
+stored (of a prompt partly stored, only the missing ones are requested); then writes ``summary.json`` (with
+``env_lock``), ``molt_env_lock.json`` (``env_registry.mix.env_lock``), ``report.md`` and ``report.png``.
+``summary.json``'s ``requests`` says, per env, whether one request with ``n`` per prompt or one request per sample
+was used, and why.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from env_registry.evaluation.passk import resolve_ks
 from env_registry.evaluation.samples import SampleStore
 from env_registry.evaluation.summary import summarize
 from env_registry.evaluation.tasks import EnvTask, EvalSettings, sample_seed
+from env_registry.mix import lock_from, write_lock
 
 RESUME_MUST_MATCH = ("model", "sampling", "specs")
 
@@ -112,9 +114,11 @@ async def evaluate(
         **settings.extra,
     }
     summary = summarize(tasks, store.records, settings, ks, run)
+    summary["env_lock"] = lock_from((t.given_id or t.env_id, t.spec, t.weight) for t in tasks)
     if out is not None:
         from env_registry.evaluation.report import write_outputs
 
+        write_lock(out, summary["env_lock"])
         write_outputs(Path(out), summary, tasks, store.records, settings, ks, report=report)
     return summary
 

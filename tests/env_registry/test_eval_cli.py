@@ -86,6 +86,16 @@ def test_mix_of_env_and_chat_agent_against_the_endpoint(endpoint, tmp_path, caps
     chat = next(r for r in records if r["env_id"] == "test/chat-coin-v1")
     assert chat["transcript"][0]["request"]["messages"] == chat["prompt"]  # recorded through the eval's proxy
     assert (out / "report.png").stat().st_size > 1000 and "pass@4" in (out / "report.md").read_text()
+    lock = json.loads((out / "molt_env_lock.json").read_text())  # the envs evaluated, as training stamps them
+    assert lock == result["env_lock"] and lock["format"] == 1
+    assert [(e["id"], e["spec_id"], e["weight"]) for e in lock["envs"]] == [
+        (COIN, "test/coin-v1", 0.75),
+        (CHAT_COIN, "test/chat-coin-v1", 0.25),
+    ]
+    for entry in lock["envs"]:
+        per_env = result["envs"][entry["spec_id"]]
+        assert (entry["spec_hash"], entry["version"]) == (per_env["spec_hash"], per_env["package_version"])
+        assert {"package", "kwargs", "upstream"} <= set(entry)
 
     monkeypatch.setenv("MOLT_TEST_FLIP", "1")  # a new grader: every grade inverts
     rc, _, err = eval_here(capsys, "--reverify", str(out))
@@ -358,6 +368,12 @@ def test_molt_train_eval_scores_each_env_of_a_mix_next_to_the_overall_figures(ch
 
     mixed = run(f"{arith}:3", sort)
     assert mixed["env"] == [arith, sort] and mixed["split"] == "test"
+    import env_registry
+
+    assert [(e["id"], e["version"], e["spec_hash"], e["weight"]) for e in mixed["env_lock"]["envs"]] == [
+        (arith, env_registry.spec(arith).package_version, env_registry.spec(arith).hash, 0.75),
+        (sort, env_registry.spec(sort).package_version, env_registry.spec(sort).hash, 0.25),
+    ]
     assert mixed["num_rows"] == 6 and mixed[f"{arith}/num_rows"] == mixed[f"{sort}/num_rows"] == 3
     for env_id in (arith, sort):
         alone = run(env_id)

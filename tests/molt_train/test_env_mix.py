@@ -229,3 +229,54 @@ def test_a_mixed_rl_run_of_three_envs_reports_each_env_and_keeps_the_proportions
     assert set(panels["reward"]) == {"rollout/reward_mean", *(f"rollout/{env}/reward_mean" for env in weights)}
     assert set(panels["held-out accuracy"]) == {"eval/accuracy", *(f"eval/{env}/accuracy" for env in weights)}
     assert report.main([str(tmp_path / "rl")]) == 0
+
+
+@pytest.mark.slow
+def test_a_mixed_run_locks_its_envs_and_a_resume_names_an_env_whose_version_changed(mixed_sft, tmp_path, monkeypatch):
+    """``molt_env_lock.json``: the envs trained on (ID, package, version, spec hash, weight) in ``state.json`` and
+    every ``hf/``; resuming after an env was re-registered in another version warns naming it (old -> new), and its
+    trajectories (still of the old spec in the rollout worker) are counted as ``rollout/<ID>/off_lock``."""
+    import env_registry
+    from env_registry.registry import registry
+
+    sft_dir = mixed_sft[0]
+    sft_lock = json.loads((sft_dir / "hf" / "molt_env_lock.json").read_text())  # SFT stamps its hf/ as well
+    assert [(e["id"], e["weight"]) for e in sft_lock["envs"]] == [(ARITH_ID, 0.75), (GSM_ID, 0.25)]
+
+    out = tmp_path / "rl"
+    argv = ["--env", f"{ARITH_ID}:3", "--env", f"{GSM_ID}:1", "--actor.model_name_or_path", str(sft_dir / "hf")]
+    argv += ["--ckpt.output_dir", str(out), "--ckpt.save_steps", "1", "--rollout.batch_size", "4"]
+    argv += ["--rollout.n_samples_per_prompt", "2", "--algo.advantage.estimator", "grpo", "--data.max_len", "512"]
+    argv += ["--rollout.max_new_tokens", "4", "--eval.max_samples", "1", "--no-logger.progress"]
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert rl_cli.main([*argv, "--train.num_steps", "2"]) == 0
+    state = json.loads((out / "checkpoints" / "step_1" / "state.json").read_text())
+    lock = state["env_lock"]
+    expected = [
+        (env, "molt-ecosystem", env_registry.spec(env).package_version, env_registry.spec(env).hash, weight)
+        for env, weight in ((ARITH_ID, 0.75), (GSM_ID, 0.25))
+    ]
+    assert [(e["id"], e["package"], e["version"], e["spec_hash"], e["weight"]) for e in lock["envs"]] == expected
+    assert json.loads((out / "checkpoints" / "step_1" / "hf" / "molt_env_lock.json").read_text()) == lock
+    assert json.loads((out / "hf" / "molt_env_lock.json").read_text()) == lock
+    records = records_of(out)
+    assert all(f"rollout/{env}/num_rollouts" in r for r in records for env in (ARITH_ID, GSM_ID))
+    assert not any(k.endswith("/off_lock") for r in records for k in r)  # every trajectory of the locked specs
+
+    was = env_registry.spec(GSM_ID)
+    monkeypatch.setitem(registry._specs, GSM_ID, was)  # the original comes back after the test
+    fields = was.model_dump(exclude={"id", "entry_point", "package_version"})
+    with pytest.warns(UserWarning, match="overriding the registration"):
+        env_registry.register(GSM_ID, was.entry_point, **fields, package_version="9.9.9")
+    now = env_registry.spec(GSM_ID)
+    with contextlib.redirect_stdout(io.StringIO()), pytest.warns(UserWarning) as caught:
+        assert rl_cli.main([*argv, "--train.num_steps", "3", "--ckpt.load_enable"]) == 0
+    messages = [str(w.message) for w in caught]
+    change = f"{GSM_ID}: molt-ecosystem {was.package_version} -> 9.9.9, spec hash {was.hash} -> {now.hash}"
+    assert any(m.startswith("resuming ") and m.endswith(change) for m in messages), messages
+    assert not any(ARITH_ID in m and m.startswith("resuming ") for m in messages)  # unchanged: not named
+    resumed = json.loads((out / "checkpoints" / "step_2" / "state.json").read_text())["env_lock"]
+    assert [e["version"] for e in resumed["envs"]] == [expected[0][2], "9.9.9"]
+    step3 = records_of(out)[-1]
+    assert step3[f"rollout/{GSM_ID}/off_lock"] == step3[f"rollout/{GSM_ID}/kept_rollouts"] > 0
+    assert f"rollout/{ARITH_ID}/off_lock" not in step3

@@ -65,6 +65,8 @@ def test_eval_only_scores_once_and_builds_no_trainer(ray_local, tiny_policy, tmp
     assert any(k.startswith("eval/pass@") for k in printed)  # n samples per row: pass@k for k <= n
     saved = json.loads((tmp_path / "eval_results.json").read_text())
     assert saved["split"] == "test" and saved["sampling"]["top_p"] == 0.9
+    assert json.loads((tmp_path / "molt_env_lock.json").read_text()) == saved["env_lock"]  # the env scored
+    assert [e["weight"] for e in saved["env_lock"]["envs"]] == [1.0] and saved["env_lock"]["envs"][0]["spec_hash"]
     (record,) = records(tmp_path)
     assert record["step"] == 0 and not any(k.startswith("train/") for k in record)
     assert not (tmp_path / "hf").exists() and not (tmp_path / "checkpoints").exists()
