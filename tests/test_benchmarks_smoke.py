@@ -32,9 +32,16 @@ needs_local_sandbox = pytest.mark.skipif(
 # bench -> the lines its smoke must print (regular expressions, searched in stdout + stderr)
 EXPECTED = {
     "remote_env_bench.py": [
-        rf"gen {gen} ms, {n} episodes: added p50 {NUM} ms \(remote {NUM}, in process {NUM}\); ratio steps/s remote / "
+        rf"gen {gen} ms, {n} episodes: added p50 {NUM} ms \({where} {NUM}, in process {NUM}\); ratio steps/s {where} / "
         rf"in process {NUM}x"
         for gen in (5, 0)
+        for n in (1, 4)
+        for where in ("remote", "openenv")
+    ],
+    "ecosystems_bench.py": [
+        rf"{eco} {n} episodes: adapter p50 {NUM} us, mean {NUM} us; native p50 {NUM} us, mean {NUM} us; ratio p50 "
+        rf"{NUM}x, mean {NUM}x, wall/step {NUM}x" + (rf" \(in process: p50 {NUM}x, mean {NUM}x\)" if hop else "")
+        for eco, hop in (("rg", True), ("textarena", True), ("gym", True), ("openenv", False))
         for n in (1, 4)
     ],
     "session_server_bench.py": [
