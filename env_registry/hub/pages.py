@@ -67,6 +67,8 @@ def _templates() -> Jinja2Templates:
     env.filters["size"] = lambda n: f"{n / 1024:.1f} KB" if n < 1 << 20 else f"{n / (1 << 20):.1f} MB"
     env.filters["path"] = lambda text: quote(text, safe="/@")
     env.filters["json"] = lambda value: json.dumps(value, sort_keys=True)
+    # a prompt template as the model reads it ({input} stays the placeholder; str.format's {{ }} become { })
+    env.filters["template"] = lambda text: text.replace("{{", "{").replace("}}", "}")
     return Jinja2Templates(env=env)
 
 

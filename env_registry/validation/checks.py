@@ -9,7 +9,9 @@ over-long answer, and the dataset's reference answer) through the real runners: 
 the reference earning the top reward, no grader crash, every episode ending within ``max_turns``.
 
 Each finished check goes to ``emit`` at once, and ``step`` hears what is about to run, so a package that hangs or
-crashes the process still leaves every earlier verdict and the name of the step it was in.
+crashes the process still leaves every earlier verdict and the name of the step it was in. ``samples`` hears the
+first prompts of each split that loaded (what the hub's env card shows: generated here, in the jail, never by the
+hub).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ from molt_envs.replay_model import ByteChatTokenizer, ReplayEngine
 OVERLONG = "7 " * 12_000  # far past any sane answer: a grader must still return a reward in range
 SCRIPTED = {"empty answer": "", "garbage answer": GARBAGE_ACTION, "over-long answer": OVERLONG}
 SMOKE_ROWS = 2
+SAMPLE_PROMPTS = 3  # per split, for the env card
+
+Samples = Callable[[str, str, list[Any]], None]  # (env ID, split, prompts)
 OVERLAP_ROW_LIMIT = 200_000
 EPISODE_TIMEOUT_S = 60.0
 MAX_LENGTH = 1 << 16
@@ -40,20 +45,28 @@ MAX_LENGTH = 1 << 16
 Emit = Callable[[Check], None]
 
 
-def run_checks(env_ids: list[str], package: str | None, emit: Emit, step: Callable[[str], None]) -> None:
+def run_checks(
+    env_ids: list[str],
+    package: str | None,
+    emit: Emit,
+    step: Callable[[str], None],
+    samples: Samples = lambda env_id, split, prompts: None,
+) -> None:
     """Run every check on each of ``env_ids`` (provided by ``package``, when given)."""
     for env_id in env_ids:
-        asyncio.run(_check_one(env_id, package, emit, step))
+        asyncio.run(_check_one(env_id, package, emit, step, samples))
 
 
-async def _check_one(env_id: str, package: str | None, emit: Emit, step: Callable[[str], None]) -> None:
+async def _check_one(
+    env_id: str, package: str | None, emit: Emit, step: Callable[[str], None], samples: Samples
+) -> None:
     try:
-        await _checks(env_id, package, emit, step)
+        await _checks(env_id, package, emit, step, samples)
     finally:
         await close_session_servers()
 
 
-async def _checks(env_id: str, package: str | None, emit: Emit, step: Callable[[str], None]) -> None:
+async def _checks(env_id: str, package: str | None, emit: Emit, step: Callable[[str], None], samples: Samples) -> None:
     def add(name: str, passed: bool, detail: str = "") -> bool:
         emit(Check(name, bool(passed), detail[:4000], env_id))
         return bool(passed)
@@ -92,7 +105,7 @@ async def _checks(env_id: str, package: str | None, emit: Emit, step: Callable[[
     for c in report.checks:
         add(f"conformance: {c.name}", c.passed, c.detail)
     step(f"{env_id}: datasets")
-    rows = _check_datasets(spec, add)
+    rows = _check_datasets(spec, add, lambda split, prompts: samples(env_id, split, prompts))
     if not rows:
         add("smoke eval", False, "no dataset rows to play; declare a dataset split")
         return
@@ -106,8 +119,11 @@ async def _checks(env_id: str, package: str | None, emit: Emit, step: Callable[[
         await _smoke(spec, factory, rows, "reference answer", lambda row: row.get("reference"), add)
 
 
-def _check_datasets(spec: EnvSpec, add: Callable[..., bool]) -> list[dict[str, Any]]:
-    """Each declared split loads with its declared keys; train and test share no prompt. Returns rows to play."""
+def _check_datasets(
+    spec: EnvSpec, add: Callable[..., bool], samples: Callable[[str, list[Any]], None]
+) -> list[dict[str, Any]]:
+    """Each declared split loads with its declared keys; train and test share no prompt; the first prompts of each
+    split go to ``samples``. Returns rows to play."""
     loaded: dict[str, list[dict[str, Any]]] = {}
     for split in spec.datasets:
         try:
@@ -120,6 +136,7 @@ def _check_datasets(spec: EnvSpec, add: Callable[..., bool]) -> list[dict[str, A
             bool(loaded[split]),
             f"{len(loaded[split])} rows" if loaded[split] else "no rows",
         )
+        samples(split, [row["prompt"] for row in loaded[split][:SAMPLE_PROMPTS]])
         declared = spec.datasets[split].kwargs.get("size")
         if spec.datasets[split].generator and isinstance(declared, int) and declared <= OVERLAP_ROW_LIMIT:
             add(

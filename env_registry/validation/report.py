@@ -8,6 +8,31 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+MAX_SAMPLES = 3
+MAX_SAMPLE_CHARS = 2000
+
+
+def _text(value: Any) -> str:
+    return value[:MAX_SAMPLE_CHARS] if isinstance(value, str) else ""
+
+
+def _sample(prompt: Any) -> str | list[dict[str, str]] | None:
+    if isinstance(prompt, str):
+        return _text(prompt)
+    if not isinstance(prompt, list):
+        return None
+    messages = []
+    for m in prompt[:16]:
+        if not isinstance(m, dict):
+            return None
+        content = m.get("content")
+        if isinstance(content, list):  # parts: text kept, anything else shown as a placeholder
+            content = " ".join(
+                _text(p.get("text")) if isinstance(p, dict) and p.get("type") == "text" else "[image]" for p in content
+            )
+        messages.append({"role": _text(m.get("role"))[:32], "content": _text(content)})
+    return messages
+
 
 @dataclass
 class Check:
@@ -34,10 +59,21 @@ class ValidationReport:
     checks: list[Check] = field(default_factory=list)
     started: str = ""
     finished: str = ""
+    samples: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # env ID -> split -> first prompts
 
     @property
     def ok(self) -> bool:
         return bool(self.checks) and all(c.passed for c in self.checks)
+
+    def add_samples(self, env_id: str, split: str, prompts: Any) -> None:
+        """Keep a split's first prompts as the jailed checks sent them, bounded and reduced to text: at most
+        ``MAX_SAMPLES`` prompts, each a string or chat messages (role and text content, images as ``[image]``), every
+        text cut at ``MAX_SAMPLE_CHARS``; anything else (a package's hostile output) is dropped."""
+        if not isinstance(prompts, list) or not isinstance(env_id, str) or not isinstance(split, str):
+            return
+        kept = [p for p in (_sample(p) for p in prompts[:MAX_SAMPLES]) if p is not None]
+        if env_id in self.env_ids and len(split) <= 64:
+            self.samples.setdefault(env_id, {})[split] = kept
 
     def add(self, name: str, passed: bool, detail: str = "", env_id: str | None = None) -> bool:
         self.checks.append(Check(name, bool(passed), detail[:4000], env_id))

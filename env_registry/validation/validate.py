@@ -218,6 +218,9 @@ def _read_events(stdout: str, nonce: str, report: ValidationReport) -> tuple[boo
             report.add(str(c.get("name")), bool(c.get("passed")), str(c.get("detail", "")), c.get("env_id"))
         elif "step" in event:
             step = str(event["step"])
+        elif isinstance(event.get("samples"), dict):
+            given = event["samples"]
+            report.add_samples(given.get("env_id"), given.get("split"), given.get("prompts"))
         elif event.get("done"):
             done = True
     return done, step

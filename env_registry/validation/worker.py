@@ -4,7 +4,8 @@ Started by ``jail`` through ``sandboxes`` (``run_python`` in the local jail, the
 read-only on ``sys.path``; for a ChatAgent package the jail has a network namespace of its own with only a loopback
 device, where the session server it is checked through listens). It reads ``{"nonce", "env_ids", "package"}`` from
 stdin *before* importing anything of the package, and writes one line per event to stdout, each prefixed by the
-nonce: ``{"step": ...}`` before a step, ``{"check": {...}}`` after each check, ``{"done": true}`` at the end. Lines
+nonce: ``{"step": ...}`` before a step, ``{"check": {...}}`` after each check, ``{"samples": {...}}`` with a split's first
+prompts, ``{"done": true}`` at the end. Lines
 without the nonce (the package's own prints) are ignored by the host.
 """
 
@@ -31,6 +32,7 @@ def main() -> int:
         args["package"],
         lambda check: emit({"check": asdict(check)}),
         lambda step: emit({"step": step}),
+        lambda env_id, split, prompts: emit({"samples": {"env_id": env_id, "split": split, "prompts": prompts}}),
     )
     emit({"done": True})
     return 0

@@ -16,6 +16,7 @@ import psycopg
 import pytest
 from packaging_support import SUMMARY, hatch_build, hatch_files, publish
 
+from env_registry.hub.pages import templates
 from env_registry.packages.scaffold import init
 from env_registry.store.client import RegistryClient
 from env_registry.store.eval_summaries import InvalidSummary
@@ -156,6 +157,13 @@ def test_env_card_shows_the_manifest_validation_and_eval_summaries(server, hub_d
     )
     card = httpx.get(f"{server.url}/envs/hub/demo-v1").text
     assert 'class="status passed"' in card and "determinism" in card
+    assert "No sample prompts" not in card and "None yet: the publish gate" in card  # this report has none
+    assert "<pre>Repeat the following text exactly and write nothing else:\n{input}</pre>" in card  # the template
+    as_read = templates.env.filters["template"]  # the template as the model reads it: str.format's {{ }} undone
+    assert (
+        as_read("{input}\nPut your final answer within \\boxed{{}}.")
+        == "{input}\nPut your final answer within \\boxed{}."
+    )
     assert httpx.get(f"{server.url}/envs/hub/demo-v1", params={"version": "1.0.0"}).text.count("No eval summary") == 1
     assert httpx.get(f"{server.url}/envs/hub/demo-v9").status_code == 404
 

@@ -137,3 +137,27 @@ def test_a_target_that_is_not_a_package_is_a_failed_report(tmp_path, target, mes
         target = str(tmp_path)
     report = validate(target, registry=str(tmp_path / "registry"))
     assert not report.ok and message in " ".join(failed(report).values()), report.render()
+
+
+def test_sample_prompts_from_the_jail_are_bounded_and_reduced_to_text():
+    """What a package's jailed checks send as sample prompts is kept only as strings and chat messages of text,
+    at most 3 per split and 2,000 characters each, for env IDs under validation; anything else is dropped."""
+    report = ValidationReport(target="t", env_ids=["a/b-v1"])
+    hostile = [
+        [{"role": "user", "content": "<script>alert(1)</script>" + "x" * 5000, "extra": {"__class__": 1}}],
+        "plain text",
+        [{"role": "user", "content": [{"type": "text", "text": "look"}, {"type": "image_url", "image_url": "data:"}]}],
+        [{"role": "user", "content": "a fourth prompt is dropped"}],
+    ]
+    report.add_samples("a/b-v1", "test", hostile)
+    report.add_samples("a/b-v1", "train", [{"not": "a prompt"}, 42, [["nested"]]])
+    report.add_samples("other/env-v1", "test", ["not under validation"])
+    report.add_samples("a/b-v1", "x" * 100, ["an absurd split name"])
+    report.add_samples("a/b-v1", "odd", "not a list")
+    kept = report.to_json()["samples"]
+    assert list(kept) == ["a/b-v1"] and set(kept["a/b-v1"]) == {"test", "train"}
+    first, text, parts = kept["a/b-v1"]["test"]
+    assert first == [{"role": "user", "content": ("<script>alert(1)</script>" + "x" * 5000)[:2000]}]
+    assert text == "plain text" and parts == [{"role": "user", "content": "look [image]"}]
+    assert kept["a/b-v1"]["train"] == []
+    assert ValidationReport.from_json(report.to_json()).samples == kept
