@@ -4,7 +4,7 @@ molt-env eval molt/arith-v1 --model runs/rl/hf -n 8 --k 1,4,8 --split test --out
 molt-env eval rg/countdown-v1 --base-url http://127.0.0.1:8000/v1 --model-name policy -n 4 --concurrency 64
 molt-env eval molt/chat-gsm8k-anthropic-v1 --base-url http://host:port --wire anthropic ...
 molt-env eval --env molt/arith-v1:3 --env molt/gsm8k-v1:1 --base-url ... --out DIR   # a weighted mix
-molt-env eval --reverify DIR
+molt-env eval --reverify DIR [ns/name-v1@2.0.0]      # re-grade DIR's samples (with another version of an env)
 """
 
 from __future__ import annotations
@@ -60,7 +60,12 @@ def add_parser(sub: Any) -> None:
     run.add_argument("--timeout", type=float, default=600.0, help="seconds one sample may take")
     run.add_argument("--max-length", type=int, default=32768, help="context budget told to ChatAgents")
     run.add_argument("--out", metavar="DIR", help="eval directory (samples.jsonl, summary.json, report.md/png)")
-    run.add_argument("--reverify", metavar="DIR", help="re-grade DIR's samples with the current graders, no model")
+    run.add_argument(
+        "--reverify",
+        metavar="DIR",
+        help="re-grade DIR's samples with the current graders, no model; env IDs given (ns/name-vN@VERSION) replace "
+        "the recorded env of the same ID; the episodes whose reward changed go to DIR/reverify_diff.json",
+    )
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     pub = p.add_argument_group("publishing")
     pub.add_argument("--publish-results", action="store_true", help="upload summary.json to a registry server")
@@ -92,10 +97,10 @@ def _eval(args: argparse.Namespace) -> int:
     if args.reverify:
         from env_registry.evaluation.reverify import reverify
 
-        summary = run_async(reverify(args.reverify, args.concurrency))
+        summary = run_async(reverify(args.reverify, args.concurrency, [*args.env_ids, *args.env]))
         print(f"re-graded {summary['num_samples']} samples ({summary['reverified_changed']} rewards changed)")
         _print_headline(summary)
-        print(f"wrote {os.path.join(args.reverify, 'summary.reverified.json')}")
+        print(f"wrote {os.path.join(args.reverify, 'summary.reverified.json')} and reverify_diff.json")
         return 0
     from env_registry.evaluation.tasks import EvalSettings, load_tasks
     from env_registry.mix import parse_env_mix

@@ -4,8 +4,13 @@ Each stored sample is replayed against a fresh instance of its env as installed 
 action texts turn by turn (``chat_driver.drive_env``), a ``ChatAgent`` runs for real against a replay engine that
 answers its model calls with the stored replies, in order, through the session server. Samples that never reached
 the model (endpoint errors, timeouts before a reply) keep their failure. The results go to
-``samples.reverified.jsonl`` and ``summary.reverified.json`` (with how many rewards changed); the original files
-stay as they are.
+``samples.reverified.jsonl`` and ``summary.reverified.json`` (with how many rewards changed), and every episode whose
+reward changed to ``reverify_diff.json`` (old and new reward, failure and spec hash); the original files stay as they
+are.
+
+``molt-env eval --reverify DIR ID@VERSION`` re-grades with another version of an env instead of the recorded one
+(an ID of the same ``ns/name-vN``: a pinned package version, or an isolated install of it), so the diff says what
+the new version changes on the old run's samples.
 """
 
 from __future__ import annotations
@@ -24,7 +29,9 @@ from env_registry.evaluation.run import now, upstream_changes
 from env_registry.evaluation.samples import SampleStore, key_of
 from env_registry.evaluation.summary import summarize
 from env_registry.evaluation.tasks import EnvTask, EvalSettings
+from env_registry.ids import parse_env_id, split_kwargs
 from env_registry.registry import registry
+from env_registry.sources import for_scheme
 from molt_envs import ChatAgentRunner, SamplingParams
 from molt_envs.replay_model import ByteChatTokenizer, ReplayEngine
 
@@ -35,20 +42,47 @@ class Diverged(LookupError):
     failure_reason = "replay_diverged"
 
 
-async def reverify(root: str | Path, concurrency: int = 16) -> dict[str, Any]:
-    """Re-grade ``root``'s samples; returns the re-graded summary.
+DIFF_FILE = "reverify_diff.json"
+
+
+def _base(env_id: str) -> str:
+    """What two versions of one env share: ``ns/name`` (an ID's module form and pin dropped), or a scheme ID as is."""
+    if for_scheme(env_id) is not None:
+        return split_kwargs(env_id)[0]
+    return parse_env_id(env_id.rpartition(":")[2]).base
+
+
+def _replacements(recorded: list[str], given: list[str]) -> dict[str, str]:
+    """recorded env ID -> the ID to re-grade it with, from ``given`` (each must name one recorded env by its base)."""
+    by_base = {_base(r): r for r in recorded}
+    out = {}
+    for env_id in given:
+        if _base(env_id) not in by_base:
+            raise Error(
+                f"{env_id!r} replaces none of the eval's envs ({', '.join(recorded)}); give another version of one"
+            )
+        out[by_base[_base(env_id)]] = env_id
+    return out
+
+
+async def reverify(root: str | Path, concurrency: int = 16, env_ids: list[str] | None = None) -> dict[str, Any]:
+    """Re-grade ``root``'s samples, with ``env_ids`` in place of the recorded envs of the same base ID; returns the
+    re-graded summary (``reverify_diff.json`` lists the episodes whose reward changed).
 
     Raises:
-        Error: ``root`` holds no eval, or an env of it is no longer installed.
+        Error: ``root`` holds no eval, an env of it is no longer installed, or an ID of ``env_ids`` replaces none.
     """
     store = SampleStore(root)
     if store.header is None or not store.records:
         raise Error(f"{root} holds no eval (no eval.json and samples.jsonl); point --reverify at an eval's --out")
     old = json.loads((Path(root) / "summary.json").read_text()) if (Path(root) / "summary.json").is_file() else {}
     tasks: dict[str, EnvTask] = {}
+    replace = _replacements(list(store.header["specs"]), env_ids or [])
     for env_id in store.header["specs"]:
         try:
-            spec, factory = registry.factory(store.header.get("given_ids", {}).get(env_id, env_id))
+            spec, factory = registry.factory(
+                replace.get(env_id) or store.header.get("given_ids", {}).get(env_id, env_id)
+            )
         except Error as exc:
             raise Error(f"cannot re-grade {env_id!r}: {exc}") from None
         tasks[env_id] = EnvTask(env_id, spec, factory, [], 1.0)
@@ -68,6 +102,21 @@ async def reverify(root: str | Path, concurrency: int = 16) -> dict[str, Any]:
 
         await close_session_servers()
     store.rewrite(regraded, "samples.reverified.jsonl")
+    changed = [
+        {
+            "env_id": new["env_id"],
+            "prompt_id": new["prompt_id"],
+            "sample": new["sample"],
+            "reward": [old_["reward"], new["reward"]],
+            "delta": None if None in (old_["reward"], new["reward"]) else new["reward"] - old_["reward"],
+            "failure": [old_.get("failure"), new.get("failure")],
+            "spec_hash": [old_.get("spec_hash"), new.get("spec_hash")],
+        }
+        for new, old_ in zip(regraded, records, strict=True)
+        if new["reward"] != old_["reward"]
+    ]
+    diff = {"eval": str(root), "regraded_with": {e: tasks[e].spec.hash for e in tasks}, "replaced": replace}
+    (Path(root) / DIFF_FILE).write_text(json.dumps({**diff, "changed": changed}, indent=1, default=str) + "\n")
     settings = settings_of(store.header, old)
     for env_id, task in tasks.items():  # the rows this eval covered, for the summary's per-prompt grouping
         task.rows = [None] * (1 + max(r["prompt_id"] for r in regraded if r["env_id"] == env_id))
@@ -78,7 +127,8 @@ async def reverify(root: str | Path, concurrency: int = 16) -> dict[str, Any]:
         "started": store.header.get("started"),
         "finished": old.get("finished"),
         "reverified": now(),
-        "reverified_changed": sum(r["reward"] != s["reward"] for r, s in zip(regraded, records, strict=True)),
+        "reverified_changed": len(changed),
+        "reverified_with": replace,
         "spec_hash_at_eval": store.header["specs"],
     }
     summary = summarize(list(tasks.values()), by_key, settings, resolve_ks(settings.ks, settings.n), run)

@@ -2,7 +2,8 @@
 
 - ``test/coin-v1`` (and ``test/coin1-v1``, the same declared single-turn): a sample passes when the sha256 of the model's answer starts with an even nibble, so a random
   tiny model passes about half the time, deterministically per sample seed. ``MOLT_TEST_FLIP=1`` inverts the grade
-  (a "new grader" for ``--reverify``).
+  (a "new grader" for ``--reverify``); ``CoinEnvV2``, its next version (registered by the test that needs it: a ``-v2`` deprecates ``-v1``), also flips it
+  for answers of odd length.
 - ``test/hang-v1``: the grader blocks its worker thread for an hour.
 - ``test/chat-coin-v1``: ``test/coin-v1`` as a ChatAgent on the OpenAI SDK.
 - ``test/tool-v1``: two turns, a tool call and its result in between; ``test/raw-v1``: raw-text observations.
@@ -39,6 +40,14 @@ def coin(text: str) -> float:
 class CoinEnv(Env):
     async def step(self, state: StepState) -> Result:
         return Result(reward=coin(state["action_text"]), info={"chars": float(len(state["action_text"]))})
+
+
+class CoinEnvV2(Env):
+    """The coin's next version (``test/coin-v2`` where a test registers it), whose grade also flips for answers of odd length."""
+
+    async def step(self, state: StepState) -> Result:
+        text = state["action_text"]
+        return Result(reward=abs(coin(text) - len(text) % 2))
 
 
 class HangEnv(Env):

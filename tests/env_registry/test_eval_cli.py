@@ -16,8 +16,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import eval_envs  # noqa: E402
 from eval_support import MOLT_ENV, cli_env, front, molt_env, samples, serve, stop, summary  # noqa: E402
 
+import env_registry  # noqa: E402
 from env_registry.cli import main  # noqa: E402
 from env_registry.evaluation import pass_at_k  # noqa: E402
 
@@ -104,6 +106,32 @@ def test_mix_of_env_and_chat_agent_against_the_endpoint(endpoint, tmp_path, caps
     assert again["reverified_changed"] == len(records) and samples(out) == records  # the originals stay
     assert again["envs"]["test/coin-v1"]["mean_reward"] == pytest.approx(
         1 - result["envs"]["test/coin-v1"]["mean_reward"]
+    )
+
+    # another version of an env re-grades the same samples; the diff names exactly the episodes it changes
+    monkeypatch.delenv("MOLT_TEST_FLIP")
+    monkeypatch.setattr(env_registry.registry, "_specs", dict(env_registry.registry._specs))  # undone after the test
+    env_registry.register(
+        "test/coin-v2",
+        "eval_envs:CoinEnvV2",
+        kind="env",
+        max_turns=3,
+        datasets={"test": eval_envs.DATA, "train": eval_envs.DATA},
+    )
+    rc, out_, err = eval_here(capsys, "--reverify", str(out), "eval_envs:test/coin-v2")
+    assert rc == 0, err
+    diff = json.loads((out / "reverify_diff.json").read_text())
+    odd = {
+        (r["env_id"], r["prompt_id"], r["sample"])
+        for r in records
+        if r["env_id"] == "test/coin-v1" and len(r["actions"][0]) % 2
+    }
+    assert {(c["env_id"], c["prompt_id"], c["sample"]) for c in diff["changed"]} == odd and odd
+    assert all(c["delta"] in (-1.0, 1.0) and c["spec_hash"][0] != c["spec_hash"][1] for c in diff["changed"])
+    assert diff["replaced"] == {"test/coin-v1": "eval_envs:test/coin-v2"} and f"{len(odd)} rewards changed" in out_
+    rc, _, err = eval_here(capsys, "--reverify", str(out), "eval_envs:test/tool-v1")
+    assert (
+        rc == 2 and "'eval_envs:test/tool-v1' replaces none of the eval's envs (test/coin-v1, test/chat-coin-v1)" in err
     )
 
 
