@@ -1,5 +1,5 @@
 """``molt-env``: list, inspect and check environments; scaffold, build, publish, serve, search, install and yank
-env packages; serve an installed env to other processes (``serve-env``)."""
+env packages; serve an installed env to other processes (``serve-env``); browse an eval's samples (``view``)."""
 
 from __future__ import annotations
 
@@ -317,6 +317,22 @@ def _serve_openenv(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_view(args: argparse.Namespace) -> int:
+    from env_registry.hub.viewer import create_app
+    from molt_envs.remote.server import serve
+
+    app = create_app(args.directory)  # a directory without samples.jsonl fails here (exit 2)
+
+    def ready(base_url: str) -> None:
+        print(f"molt-env view: serving {app.state.root} at {base_url}/ (Ctrl-C stops it)", flush=True)
+
+    try:
+        serve(app, "127.0.0.1", args.port, on_ready=ready)
+    except OSError as exc:
+        raise Error(str(exc)) from None
+    return 0
+
+
 def cmd_yank(args: argparse.Namespace) -> int:
     from env_registry.store.client import open_registry
 
@@ -490,6 +506,18 @@ def build_parser() -> argparse.ArgumentParser:
     from env_registry.evaluation import cli as eval_cli
 
     eval_cli.add_parser(sub)
+
+    vie = sub.add_parser(
+        "view",
+        help="browse an eval's samples turn by turn in a local web page (127.0.0.1 only)",
+        description="Serve the pages of a `molt-env eval --out DIR` directory on loopback: the run's summary and a "
+        "table of its episodes (filter by ?reward=pass|fail|N, ?failure=REASON|none|any, ?min_len=/?max_len= "
+        "completion tokens, ?env=), and each episode turn by turn (messages, tool calls and results, images, reward, "
+        "info, failure, token counts). No script runs on the pages; model and tool output is shown as text.",
+    )
+    vie.add_argument("directory", metavar="DIR", help="an eval output directory (holds samples.jsonl)")
+    vie.add_argument("--port", type=int, default=8200, help="port on 127.0.0.1 (default 8200; 0: a free one)")
+    vie.set_defaults(fn=cmd_view)
 
     val = sub.add_parser(
         "validate",

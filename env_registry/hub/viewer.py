@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -64,21 +65,35 @@ def load(root: Path) -> tuple[list[dict[str, Any]], dict[str, Any], int]:
     envs = summary.get("envs") if isinstance(summary.get("envs"), dict) else {}
     order = {e: i for i, e in enumerate(envs)}
 
-    def position(r: dict[str, Any]) -> tuple[int, str, int, int]:
-        return order.get(r["env_id"], len(order)), str(r["env_id"]), _int(r, "prompt_id"), _int(r, "sample")
-
-    records.sort(key=position)
     for r in records:
         for key in ("prompt_id", "sample", "reward", "score", "turns", "prompt_tokens", "completion_tokens", "failure"):
             r.setdefault(key, None)
-        if r["failure"] is not None and not isinstance(r["failure"], dict):
-            r["failure"] = {"reason": str(r["failure"]), "detail": ""}
-        r["_passed"] = _passed(r, (envs.get(r["env_id"]) or summary).get("pass_threshold", 1.0))
+        r["env_id"] = str(r["env_id"])
+        if r["failure"] is not None:  # a reason and a detail, as text, whatever the file holds
+            failure = r["failure"] if isinstance(r["failure"], dict) else {"reason": r["failure"]}
+            r["failure"] = {"reason": str(failure.get("reason")), "detail": str(failure.get("detail") or "")}
+        per_env = envs.get(r["env_id"])
+        r["_passed"] = _passed(r, (per_env if isinstance(per_env, dict) else summary).get("pass_threshold", 1.0))
+        r["_preview"] = _preview(r.get("prompt"))
+    records.sort(
+        key=lambda r: (order.get(r["env_id"], len(order)), r["env_id"], _int(r, "prompt_id"), _int(r, "sample"))
+    )
     return records, summary, bad
 
 
 def _int(record: dict[str, Any], key: str) -> int:
     return record[key] if isinstance(record.get(key), int) else -1
+
+
+def _preview(prompt: Any) -> str:
+    """The start of the prompt's last user message, on one line."""
+    if isinstance(prompt, list):
+        users = [m.get("content") for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        prompt = users[-1] if users else ""
+    if isinstance(prompt, list):
+        prompt = " ".join(str(p.get("text", "")) for p in prompt if isinstance(p, dict))
+    text = " ".join(str(prompt or "").split())
+    return text[:100] + ("…" if len(text) > 100 else "")
 
 
 def _passed(record: dict[str, Any], threshold: Any) -> bool:
@@ -96,7 +111,7 @@ def _number(value: str, name: str) -> float | None:
 
 def matches(record: dict[str, Any], env: str, reward: str, failure: str, low: float | None, high: float | None) -> bool:
     """Whether ``record`` passes the index's filters (an empty one keeps everything)."""
-    reason = (record.get("failure") or {}).get("reason")
+    reason = record["failure"]["reason"] if record["failure"] else None
     if env and record["env_id"] != env:
         return False
     if reward in ("pass", "fail") and record["_passed"] != (reward == "pass"):
@@ -184,14 +199,16 @@ def turns(record: dict[str, Any]) -> list[dict[str, Any]]:
         sent = [message(m) for m in request.get("messages") or []]
         if request.get("system"):
             sent.insert(0, message({"role": "system", "content": request["system"]}))
-        same = next(
-            (k for k, (a, b) in enumerate(zip(sent, shown, strict=False)) if a != b), min(len(sent), len(shown))
-        )
+        same = len(shown) if sent[: len(shown)] == shown else 0  # a continued conversation: only what it adds
         out.append(
             message({"role": "call", "content": f"model call {i} ({call.get('wire')}, HTTP {call.get('status')})"})
         )
         response = call.get("response") if isinstance(call.get("response"), dict) else {}
-        replies = [message(c.get("message"), "assistant") for c in response.get("choices") or [] if isinstance(c, dict)]
+        replies = [
+            message(c.get("message"), "assistant")
+            for c in response.get("choices") or []
+            if isinstance(c, dict) and c.get("message")
+        ]
         if response.get("content") is not None:
             replies.append(message({"role": "assistant", "content": response["content"]}))
         if call.get("error"):
@@ -239,7 +256,7 @@ def create_app(root: str | Path) -> FastAPI:
         records, summary, bad = run()
         low, high = _number(min_len, "min_len"), _number(max_len, "max_len")
         shown = [(i, r) for i, r in enumerate(records) if matches(r, env, reward, failure, low, high)]
-        pass_keys = sorted((k for k in summary if k.startswith("pass@")), key=lambda k: int(k.split("@")[1]))
+        pass_keys = sorted((k for k in summary if re.fullmatch(r"pass@\d+", k)), key=lambda k: int(k[5:]))
         env_ids = list(dict.fromkeys(r["env_id"] for r in records))
         return page(
             request,
@@ -253,7 +270,7 @@ def create_app(root: str | Path) -> FastAPI:
             matched=len(shown),
             max_rows=MAX_ROWS,
             filters={"env": env, "reward": reward, "failure": failure, "min_len": min_len, "max_len": max_len},
-            reasons=sorted({(r.get("failure") or {}).get("reason") or "" for r in records} - {""}),
+            reasons=sorted({r["failure"]["reason"] for r in records if r["failure"]}),
         )
 
     @app.get("/episodes/{i}", response_class=HTMLResponse)
