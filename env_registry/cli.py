@@ -96,9 +96,33 @@ def cmd_check(args: argparse.Namespace) -> int:
         passed, text = check_source(args.target)
         print(text)
         return 0 if passed else 1
-    report = check(args.target)
-    print(report.render())
-    return 0 if report.passed else 1
+    from env_registry.serving.urls import is_url
+
+    server_options = [args.protocol, args.sessions, args.max_sessions, args.timeout]
+    if any(o is not None for o in server_options) and not is_url(args.target):
+        raise Error("--protocol, --sessions, --max-sessions and --timeout check an env server: give its URL")
+    if is_url(args.target):
+        from env_registry.serving.server_check import parse_target
+
+        try:
+            parse_target(args.target, args.protocol or "molt-env/1")
+        except ValueError as exc:
+            raise Error(str(exc)) from None
+    reports = []
+    if (args.protocol or "molt-env/1") == "molt-env/1":  # the env itself, through the server, as a trainer uses it
+        reports.append(check(args.target))
+    if is_url(args.target):
+        from env_registry.serving.server_check import server_report
+
+        options = {"timeout_s": args.timeout} if args.timeout is not None else {}
+        options |= {"sessions": args.sessions} if args.sessions is not None else {}
+        reports.append(
+            server_report(args.target, args.protocol or "molt-env/1", max_sessions=args.max_sessions, **options)
+        )
+    print("\n\n".join(report.render() for report in reports))
+    if args.protocol == "openenv" and args.max_sessions is None:
+        print("(CAPACITY_REACHED not checked: OpenEnv servers do not publish their limit; add --max-sessions N)")
+    return 0 if all(report.passed for report in reports) else 1
 
 
 def cmd_init(args: argparse.Namespace) -> int:
@@ -367,7 +391,17 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("env_id")
     info.set_defaults(fn=cmd_info)
     chk = sub.add_parser("check", help="conformance check; exit 1 with a report on failure")
-    chk.add_argument("target", help="an env ID, or a package source directory")
+    chk.add_argument("target", help="an env ID, a package source directory, or an env server's URL")
+    chk.add_argument(
+        "--protocol",
+        choices=["molt-env/1", "openenv"],
+        help="a URL: the server's protocol (default molt-env/1); runs the server conformance suite too",
+    )
+    chk.add_argument("--sessions", type=int, help="a URL: concurrent episodes of the concurrency check (default 16)")
+    chk.add_argument(
+        "--max-sessions", type=int, help="a URL (openenv): the server's session limit, checked for CAPACITY_REACHED"
+    )
+    chk.add_argument("--timeout", type=float, help="a URL: seconds each server check may take (default 30)")
     chk.set_defaults(fn=cmd_check)
 
     ini = sub.add_parser("init", help="scaffold a new env package")

@@ -2,9 +2,9 @@
 
 Each WebSocket is one episode with a fresh instance, made at its first message; the instance's own failures go back
 as ``EXECUTION_ERROR`` answers (the client records them as the episode's failure), and its ``close`` runs however the
-episode ends (a ``close`` message, or the client vanishing). A malformed message gets an error answer and leaves the
-episode open. The server knows nothing of the registry: ``ServedEnv`` hands it a factory, the spec JSON and its hash,
-and the dataset rows.
+episode ends (a ``close`` message, or the client vanishing). A malformed message (a binary frame too) gets an error
+answer and leaves the episode open. The server knows nothing of the registry: ``ServedEnv`` hands it a factory, the
+spec JSON and its hash, and the dataset rows.
 """
 
 from __future__ import annotations
@@ -141,7 +141,10 @@ async def _run_episode(ws: WebSocket, served: ServedEnv) -> None:
     instance: Env | ChatAgent | None = None
     try:
         while True:
-            raw = await ws.receive_text()
+            received = await ws.receive()
+            if received["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(received.get("code", 1000))
+            raw = received["text"] if received.get("text") is not None else received.get("bytes") or b""
             try:
                 message = CLIENT_MESSAGE.validate_json(raw)
             except ValidationError as exc:
