@@ -50,6 +50,15 @@ EXPECTED = {
         for n in (1, 4)
     ]
     + [rf"handler p50 ratio to openai at {n} sessions: anthropic {NUM}x, responses {NUM}x" for n in (1, 4)],
+    "scale_bench.py": [
+        *(
+            rf"episodes: gen {gen} ms, 8 episodes over 2 servers: added p50 {NUM} ms, p99 {NUM} ms \(in process {NUM}\); "
+            rf"steps/s {NUM} \(in process {NUM}, ratio {NUM}x\); CPU ms/step client {NUM} \(in process {NUM}\), servers {NUM}"
+            for gen in (5, 0)
+        ),
+        rf"sandboxes: 8 persistent sessions open \({NUM} s to open, {NUM} MB each\): 40 calls, 4 in flight: {NUM} calls/s, "
+        rf"p50 {NUM} ms, p99 {NUM} ms, 0 failed; on 4 sessions: {NUM} calls/s, p50 {NUM} ms, 0 failed; ratio calls/s {NUM}x",
+    ],
     "sandbox_bench.py": [
         rf"a: fresh python -I -c\s+{NUM}\s+{NUM}\s+{NUM}",
         rf"b: sandboxes local\s+{NUM}\s+{NUM}\s+{NUM}",
@@ -91,6 +100,7 @@ EXPECTED = {
 }
 MARKS = {
     "sandbox_bench.py": [needs_local_sandbox],
+    "scale_bench.py": [needs_local_sandbox],
     "trl_baseline.py": [needs_trl, pytest.mark.slow],
     "trainer_vs_trl.py": [needs_trl, pytest.mark.slow],
     "demo_seeds.py": [pytest.mark.slow],
