@@ -18,6 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # --import-mode=importlib puts n
 
 import pg_cluster  # noqa: E402
 from packaging_support import hatch_build, make_venv, run_cli, set_version, start_server  # noqa: E402
+from verifiers_support import vf_venv  # noqa: E402,F401  (the verifiers venv, one per session)
 
 from env_registry.packages.artifacts import Release  # noqa: E402
 from env_registry.packages.build import build  # noqa: E402

@@ -16,94 +16,13 @@ import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 
 import pytest
+from verifiers_support import ID  # noqa: E402
 
 import env_registry
 from env_registry.cli import main
 from env_registry.errors import EnvServerUnavailable, NameNotFound, UnregisteredEnv
-
-MOLT_ENV = str(Path(sys.executable).with_name("molt-env"))
-ID = "verifiers:vfx_arith"
-TASKSET = '''
-"""Add two numbers: a verifiers v1 taskset with a train and a test split."""
-
-import verifiers.v1 as vf
-
-
-class ArithData(vf.TaskData):
-    answer: str
-
-
-class ArithTask(vf.Task[ArithData]):
-    @vf.reward(weight=0.8)
-    async def exact(self, trace: vf.Trace) -> float:
-        return float(trace.last_reply.strip() == self.data.answer)
-
-    @vf.reward(weight=0.2)
-    async def digits(self, trace: vf.Trace) -> float:
-        reply = trace.last_reply.strip()
-        return sum(c.isdigit() for c in reply) / len(reply) if reply else 0.0
-
-    @vf.metric
-    async def reply_chars(self, trace: vf.Trace) -> float:
-        return float(len(trace.last_reply.strip()))
-
-
-class ArithConfig(vf.TasksetConfig):
-    split: str = "train"
-    num_tasks: int = 4
-
-
-class ArithTaskset(vf.Taskset[ArithTask, ArithConfig]):
-    def load(self):
-        base = 0 if self.config.split == "train" else 100
-        for i in range(self.config.num_tasks):
-            a, b = base + i, 2 * i + 1
-            data = ArithData(prompt=f"What is {a}+{b}? Reply with the number only.", answer=str(a + b))
-            yield ArithTask(data, self.config.task)
-
-
-__all__ = ["ArithTaskset"]
-'''
-PYPROJECT = """
-[project]
-name = "vfx-arith"
-version = "0.1.0"
-description = "Add two numbers."
-requires-python = ">=3.11"
-dependencies = ["verifiers"]
-
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-"""
-
-
-@pytest.fixture(scope="session")
-def vf_venv(tmp_path_factory):
-    """``molt-env ecosystem install verifiers --with <the taskset package>`` into a tmp ``MOLT_CACHE`` (set for the
-    session, so every process started here finds the venv)."""
-    package = tmp_path_factory.mktemp("vfx-arith")
-    (package / "pyproject.toml").write_text(PYPROJECT)
-    (package / "vfx_arith").mkdir()
-    (package / "vfx_arith" / "__init__.py").write_text(TASKSET)
-    cache = tmp_path_factory.mktemp("molt-cache")
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("MOLT_CACHE", str(cache))
-        start = time.monotonic()
-        made = subprocess.run(
-            [MOLT_ENV, "ecosystem", "install", "verifiers", "--with", str(package)],
-            capture_output=True,
-            text=True,
-            timeout=900,
-        )
-        seconds = time.monotonic() - start
-        assert made.returncode == 0, made.stderr[-3000:]
-        print(f"\nthe verifiers venv took {seconds:.1f} s: {made.stdout.strip()}")
-        assert f"tasksets: {ID}" in made.stdout
-        yield cache / "ecosystems" / "verifiers" / "venv"
 
 
 class Scripted(BaseHTTPRequestHandler):

@@ -1,8 +1,8 @@
-"""``molt_verifiers`` (env_registry/ecosystems/verifiers_taskset.py): a registered ID as a verifiers 0.4 taskset. verifiers' own eval CLI
-(``vf-eval``, in the verifiers venv made once in a tmp ``MOLT_CACHE`` by ``molt-env ecosystem install verifiers``, whose
-runtime wheel ships it as module ``molt_verifiers``) loads ``molt/sort-v1`` through verifiers' own loader, runs it against a
-scripted OpenAI-compatible endpoint and scores it with the env's grader (in a ``molt-env serve-env`` under this
-project's python); every sample's reward equals ``molt-env eval``'s on the same scripted answers. And the bad IDs."""
+"""``molt_verifiers`` (env_registry/ecosystems/verifiers_taskset.py): a registered ID as a verifiers 0.4 taskset.
+verifiers' own eval CLI (``vf-eval``, in the session's verifiers venv: verifiers_support.py, whose runtime wheel ships
+it as module ``molt_verifiers``) loads ``molt/sort-v1`` through verifiers' own loader, runs it against a scripted
+OpenAI-compatible endpoint and scores it with the env's grader (in a ``molt-env serve-env`` under this project's
+python); every sample's reward equals ``molt-env eval``'s on the same scripted answers. And the bad IDs."""
 
 from __future__ import annotations
 
@@ -22,22 +22,6 @@ from env_registry.cli import main
 
 MOLT_ENV = str(Path(sys.executable).with_name("molt-env"))
 ID = "molt/sort-v1"
-
-
-@pytest.fixture(scope="module")
-def vf_venv(tmp_path_factory):
-    """``molt-env ecosystem install verifiers`` into a tmp ``MOLT_CACHE`` (as test_ecosystem_verifiers.py does): its
-    runtime wheel, built from this checkout, brings ``molt_verifiers``."""
-    cache = tmp_path_factory.mktemp("molt-cache")
-    made = subprocess.run(
-        [MOLT_ENV, "ecosystem", "install", "verifiers"],
-        capture_output=True,
-        text=True,
-        timeout=900,
-        env={**os.environ, "MOLT_CACHE": str(cache)},
-    )
-    assert made.returncode == 0, made.stderr[-3000:]
-    return cache / "ecosystems" / "verifiers" / "venv"
 
 
 def answers(digits: str) -> list[str]:
