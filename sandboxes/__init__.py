@@ -10,7 +10,7 @@
 The bottom layer of the project: imports nothing from molt_envs, env_registry or molt_train.
 """
 
-from sandboxes.api import Sandbox, open, shutdown
+from sandboxes.api import Sandbox, open, reap, shutdown
 from sandboxes.errors import SandboxError, SandboxUnavailable
 from sandboxes.limits import Limits
 from sandboxes.local import host_site_packages
@@ -29,5 +29,6 @@ __all__ = [
     "host_site_packages",
     "open",
     "probe",
+    "reap",
     "shutdown",
 ]

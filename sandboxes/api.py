@@ -112,6 +112,32 @@ def shutdown() -> None:
 atexit.register(shutdown)
 
 
+def reap(docker: bool = True) -> dict[str, int]:
+    """Remove what sandboxes of dead processes on this host left behind (e.g. a run killed by SIGKILL, which no
+    `atexit` outlives): their cgroups, unsafe scratch dirs and (when `docker` and an engine answers) containers.
+    Each is tagged with its owner's pid and start time, so a reused pid keeps nothing alive. Every pool's start
+    does this by itself; call it to clean up without starting one.
+
+    Returns:
+        How many were removed of each: {"cgroups": n, "scratch dirs": m, "containers": k}.
+    """
+    from sandboxes import local
+
+    removed = {**local.reap(), "containers": 0}
+    if docker:
+        from sandboxes import docker_pool
+
+        try:
+            client = docker_pool._client()
+        except SandboxUnavailable:  # no SDK or no engine: no containers to reap
+            return removed
+        try:
+            removed["containers"] = docker_pool.reap_orphans(client)
+        finally:
+            client.close()
+    return removed
+
+
 def open(  # noqa: A001  (the issue's chosen name: sandboxes.open)
     provider: str = "auto",
     *,
@@ -361,4 +387,4 @@ def _check_relative(path: str) -> None:
         raise ValueError(f"file path {path!r} must be relative to the work directory and must not contain '..'")
 
 
-__all__ = ["Sandbox", "open", "shutdown"]
+__all__ = ["Sandbox", "open", "reap", "shutdown"]

@@ -4,9 +4,12 @@ placed on the caller (e.g. by a test harness) also bounds every jail it starts."
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
+
+from sandboxes import owner
 
 ROOT = "/sys/fs/cgroup"
 # No cpu controller: a nested cpu group would give all of a pool's jails the scheduling weight of a
@@ -162,7 +165,9 @@ def _rmdir_retry(path: str) -> None:
             return
         except FileNotFoundError:
             return
-        except OSError:
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:  # not ours to remove (EACCES), or not empty of sub-groups: retrying won't help
+                return
             time.sleep(0.01)
 
 
@@ -174,24 +179,46 @@ def _rmdir_if_empty(path: str) -> None:
         pass
 
 
-def reap_stale(prefix: str) -> int:
-    """Remove `<prefix><pid>` group dirs left by dead processes (killing anything inside). Returns the count."""
+def _tops(kind: str) -> list[str]:
+    """The roots of the hierarchies our slot cgroups live in."""
+    if kind == "v2":
+        return [ROOT]
+    return [path for path in (os.path.join(ROOT, c) for c in V1_CONTROLLERS) if os.path.isdir(path)]
+
+
+def stale_groups(prefix: str) -> list[str]:
+    """The `<prefix><owner tag>` group dirs, anywhere in the hierarchy, whose owner is gone (see `sandboxes.owner`)."""
     kind = version()
-    if kind is None or not writable():
+    found = []
+    for top in _tops(kind) if kind else []:
+        for root, dirs, _ in os.walk(top):
+            keep = []
+            for name in dirs:
+                if not name.startswith(prefix):
+                    keep.append(name)
+                elif owner.gone(name[len(prefix) :]):
+                    found.append(os.path.join(root, name))
+            dirs[:] = keep  # never descend into a group of ours (its slots are no groups)
+    return found
+
+
+def reap_stale(prefix: str) -> int:
+    """Remove the `<prefix><owner tag>` group dirs of dead owners, killing anything still inside. Returns the count.
+
+    The whole hierarchy is searched, not only our own cgroup: a run killed by SIGKILL cannot remove its groups (its
+    launchers die with it, but a cgroup outlives its last process), and the next run may be placed in another cgroup.
+    A tag of another pid namespace is never judged, so its groups are left alone.
+    """
+    kind = version()
+    if kind is None:
         return 0
     removed = 0
-    for base in _base_dirs(kind).values():
-        try:
-            entries = [e for e in os.scandir(base) if e.is_dir() and e.name.startswith(prefix)]
-        except OSError:
-            continue
-        for entry in entries:
-            owner = entry.name[len(prefix) :]
-            if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
-                for slot in os.scandir(entry.path):
-                    if slot.is_dir():
-                        SlotCgroup(kind, {"x": slot.path}).kill_all()
-                        _rmdir_retry(slot.path)
-                _rmdir_retry(entry.path)
-                removed += 1
+    for path in stale_groups(prefix):
+        with contextlib.suppress(OSError):
+            for slot in os.scandir(path):
+                if slot.is_dir():
+                    SlotCgroup(kind, {"x": slot.path}).kill_all()
+                    _rmdir_retry(slot.path)
+        _rmdir_retry(path)
+        removed += not os.path.isdir(path)
     return removed

@@ -22,7 +22,7 @@ import tarfile
 import tempfile
 import time
 
-from sandboxes import jail
+from sandboxes import jail, owner
 from sandboxes.errors import SandboxUnavailable, WorkerDied
 from sandboxes.limits import Limits
 from sandboxes.pool import PoolBackend, WorkerPool
@@ -36,7 +36,8 @@ TOOLS = ("sh", "ls", "cat", "env", "wc", "sleep", "yes", "id", "true", "echo", "
 
 
 def _owner() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process as a container's owner: ``<host>:<owner tag>`` (see `sandboxes.owner`)."""
+    return f"{socket.gethostname()}:{owner.tag()}"
 
 
 def _client():
@@ -146,12 +147,13 @@ def ensure_image(client) -> str:
 
 
 def reap_orphans(client) -> int:
-    """Remove sandbox containers whose owning process (on this host) is gone."""
+    """Remove sandbox containers whose owning process (on this host) is gone: by its pid and start time, so a
+    reused pid does not keep them (a container outlives its owner's SIGKILL: nothing signals the engine)."""
     removed = 0
     host = socket.gethostname()
     for container in client.containers.list(all=True, filters={"label": LABEL}):
-        owner_host, _, owner_pid = container.labels.get(OWNER_LABEL, "").partition(":")
-        if owner_host == host and owner_pid.isdigit() and not os.path.exists(f"/proc/{owner_pid}"):
+        owner_host, _, owner_tag = container.labels.get(OWNER_LABEL, "").partition(":")
+        if owner_host == host and owner.gone(owner_tag):
             with contextlib.suppress(Exception):
                 container.remove(force=True)
                 removed += 1

@@ -8,13 +8,14 @@ share a uid or a cgroup, so closing one worker never kills another pool's jail.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sysconfig
 import tempfile
 import threading
 
-from sandboxes import cgroups, jail, probe
+from sandboxes import cgroups, jail, owner, probe
 from sandboxes.cgroups import SlotCgroup
 from sandboxes.errors import SandboxUnavailable
 from sandboxes.limits import Limits
@@ -22,7 +23,8 @@ from sandboxes.pool import PoolBackend, WorkerPool
 from sandboxes.worker import JailWorker, default_python
 
 UID_BASE = 100_000
-CGROUP_PREFIX = "sandboxes-"
+CGROUP_PREFIX = "sandboxes-"  # + the owner tag: a pool's group of per-slot cgroups
+SCRATCH_PREFIX = "sandboxes-unsafe-"  # + the owner tag, the slot and a random tail: an unsafe worker's scratch dir
 
 
 def host_site_packages() -> list[str]:
@@ -135,9 +137,9 @@ def make_pool(
     limits = limits or Limits()
     use_cgroups = report.root and report.cgroup_writable
     use_uids = report.root
-    group = f"{CGROUP_PREFIX}{os.getpid()}"
-    if use_cgroups:
-        cgroups.reap_stale(CGROUP_PREFIX)
+    tag = owner.tag()
+    group = f"{CGROUP_PREFIX}{tag}"
+    reap()  # what runs killed by SIGKILL left behind
 
     def factory(_pool_slot: int, persistent: bool) -> JailWorker:
         slot = _SLOT_NUMBERS.take()  # the pool's own slot ids repeat across pools: never key a uid or cgroup by them
@@ -156,7 +158,7 @@ def make_pool(
                 list(preload), list(site_packages), persistent, pid_namespace=isolate, network=network
             )
             if not isolate:  # no private /tmp: give the worker a scratch dir of its own, never the host's /tmp
-                scratch = tempfile.mkdtemp(prefix=f"sandboxes-unsafe-{os.getpid()}-{slot}-")
+                scratch = tempfile.mkdtemp(prefix=f"{SCRATCH_PREFIX}{tag}-{slot}-")
                 if uid is not None:
                     os.chown(scratch, uid, uid)
                 config.update(scratch=[scratch], landlock=report.landlock_abi > 0, seccomp=report.seccomp)
@@ -184,6 +186,37 @@ def make_pool(
     if size > SLOTS_PER_PROCESS - 32:
         raise ValueError(f"workers={size}: at most {SLOTS_PER_PROCESS - 32} per process")
     return WorkerPool("local" if isolate else "local-unsafe", factory, size, recycle_after=recycle_after)
+
+
+def stale_scratch_dirs() -> list[str]:
+    """The unsafe workers' scratch dirs (in the temp dir) whose owner is gone."""
+    base = tempfile.gettempdir()
+    found = []
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(base):
+            if entry.name.startswith(SCRATCH_PREFIX) and entry.is_dir(follow_symlinks=False):
+                fields = entry.name[len(SCRATCH_PREFIX) :].split("-")
+                tagged = len(fields) == 5 and all(field.isdigit() for field in fields[:4])
+                if owner.gone("-".join(fields[:3]) if tagged else fields[0]):  # else: an older name, with the bare pid
+                    found.append(entry.path)
+    return found
+
+
+def reap() -> dict[str, int]:
+    """Remove what local pools of dead processes left on this host: their cgroups (killing whatever is still in one)
+    and unsafe scratch dirs. Their processes need no reaping: each jail's launcher dies with the process that
+    started it (PR_SET_PDEATHSIG) and takes its jail down with it. Run by every local pool's start.
+
+    Returns:
+        How many of each were removed: {"cgroups": n, "scratch dirs": m}.
+    """
+    removed = {"cgroups": 0, "scratch dirs": 0}
+    if os.geteuid() == 0 and cgroups.version() is not None:
+        removed["cgroups"] = cgroups.reap_stale(CGROUP_PREFIX)
+    for path in stale_scratch_dirs():
+        shutil.rmtree(path, ignore_errors=True)
+        removed["scratch dirs"] += not os.path.exists(path)
+    return removed
 
 
 class LocalBackend(PoolBackend):

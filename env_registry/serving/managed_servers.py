@@ -3,7 +3,8 @@
 ``ManagedServer`` runs ``python -m env_registry.cli serve-env ID``
 under another interpreter (an isolated install's venv), waits until it answers, restarts it when it has died or
 stopped answering, and stops it when this process exits; if this process is killed instead, the server exits when
-its standard input closes. ``managed_endpoint`` hands out one server per (interpreter, ID) per process. Under Ray
+its standard input closes, and the next process to start a server deletes its log (named by its owner's tag,
+``sandboxes.owner``). ``managed_endpoint`` hands out one server per (interpreter, ID) per process. Under Ray
 the trainer starts these servers in Ray actors instead (``molt_train.env_server_actors``), one per rollout worker.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import logging
 import os
 import re
@@ -24,6 +26,7 @@ from typing import Any
 from env_registry.errors import EnvServerUnavailable, Error
 from env_registry.serving.urls import check_server
 from molt_envs.remote.client import TIMEOUT_S, Endpoint
+from sandboxes import owner
 
 START_TIMEOUT_S = float(os.environ.get("MOLT_ENV_START_TIMEOUT_S", "120"))
 PROBE_TIMEOUT_S = 5.0  # a server that cannot answer /health in this long is hung, and is restarted
@@ -31,7 +34,25 @@ MAX_RESTARTS = 20  # per server and process: past this, its episodes fail as rem
 READY = re.compile(r" at (https?://\S+?)/(\S+) \(")
 _LEAVE_OUT_OF_CHILD = ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP", "VIRTUAL_ENV")
 
+LOG_PREFIX = "molt-env-server-"  # + this process's owner tag (sandboxes.owner) and a random tail: a server's log
+
 log = logging.getLogger("env_registry.serving.managed_servers")
+_logs_reaped = False
+
+
+def _reap_logs() -> None:
+    """Once per process: delete the server logs of processes that are gone without stopping their servers (killed by
+    SIGKILL: their servers exit when their stdin closes, but nothing else deletes the log)."""
+    global _logs_reaped
+    if _logs_reaped:
+        return
+    _logs_reaped = True
+    with contextlib.suppress(OSError):
+        for entry in os.scandir(tempfile.gettempdir()):
+            tag = entry.name.removeprefix(LOG_PREFIX).rpartition("-")[0]
+            if entry.name.startswith(LOG_PREFIX) and entry.name.endswith(".log") and tag and owner.gone(tag):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
 
 
 class ManagedServer:
@@ -48,7 +69,8 @@ class ManagedServer:
         self.base_url: str | None = None
         self.metadata: Any = None  # the server's molt_envs.remote.protocol.Metadata, once started
         self.restarts = 0
-        fd, name = tempfile.mkstemp(prefix="molt-env-server-", suffix=".log")
+        _reap_logs()
+        fd, name = tempfile.mkstemp(prefix=f"{LOG_PREFIX}{owner.tag()}-", suffix=".log")
         os.close(fd)
         self.log_path = Path(name)
 
