@@ -8,7 +8,16 @@ running server with an aiohttp client holding ``c`` keep-alive connections (c = 
 - ``/api/health``: the baseline, in the same server process: FastAPI + uvicorn with no registry work, so the
   ``vs health`` column is what the data layer and the page cost on top of the framework;
 - ``/simple/<pkg>/`` (the PEP 503 index pip reads), ``/api/resolve?env_id=...`` (what ``molt-env install`` asks),
-  ``/packages/<pkg>`` (the hub's package page, README rendered and sanitized).
+  ``/packages/<pkg>`` (the hub's package page, README rendered and sanitized), ``/envs/<id>`` (the hub's env page).
+
+Then the trajectory viewer (``molt-env view``, ``env_registry/hub/viewer.py``) on a synthesized eval of
+``--viewer-episodes`` episodes (default 10,000; records shaped as ``molt-env eval`` writes them, ``--viewer-turns``
+tool-call turns each, in a shuffled order as a concurrent eval finishes them), its app in process through httpx's
+ASGI transport, so the time of a request is the server's (no socket, no other process): the first page cold (the
+first request after ``samples.jsonl`` changed: the index is built) and warm, a filtered page cold (the index plus
+the field scan) and warm, the last page; against a baseline in the same command, what the viewer did per file
+change before it paged: the whole file read and ``json.loads`` per line (its floor: it also rendered 1,000 rows).
+The field scan is timed with ``json`` and with orjson (used when installed). Goal: first page <= 300 ms.
 
 Every request of a row goes to a package drawn round-robin from all of them. The client runs on the same machine,
 so its CPU counts against the server's: on 2 cores the figures are a floor; ``server CPU ms/req`` (the server's
@@ -18,16 +27,19 @@ costs the machine. PostgreSQL is a throwaway cluster
 started by the bench (``tests/env_registry/pg_cluster.py``), unless ``--pg-url`` names one.
 
     .venv/bin/python benchmarks/registry_bench.py [--backends sqlite postgresql] [--requests 3000] [--workers 1]
+    .venv/bin/python benchmarks/registry_bench.py --backends [--viewer-episodes 10000]     # the viewer only
 
 ``--smoke`` (what ``make test`` runs, tests/test_benchmarks_smoke.py): both backends, 2 packages x 1 version, 40
-requests per row at 1 and 4 clients; the same rows and ratios, figures meaningless.
+requests per row at 1 and 4 clients, a viewer of 1,000 episodes; the same rows and ratios, figures meaningless.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import os
+import random
 import re
 import socket
 import statistics
@@ -47,6 +59,7 @@ sys.path.insert(0, str(REPO / "tests" / "env_registry"))  # the test suite's thr
 import pg_cluster  # noqa: E402
 from packaging_support import hatch_build, set_version  # noqa: E402
 
+from env_registry.hub import viewer  # noqa: E402
 from env_registry.packages.scaffold import init  # noqa: E402
 from env_registry.store.client import RegistryClient  # noqa: E402
 
@@ -160,6 +173,7 @@ def bench_backend(backend: str, args: argparse.Namespace, releases: list, workdi
             "/simple/<pkg>/": [f"/simple/{n}/" for n in names],
             "/api/resolve": [f"/api/resolve?env_id={e}" for e in ids],
             "/packages/<pkg>": [f"/packages/{n}" for n in names],
+            "/envs/<id>": [f"/envs/{e}" for e in ids],
         }
         for concurrency in args.concurrency:
             floor = None
@@ -198,26 +212,145 @@ def bench_backend(backend: str, args: argparse.Namespace, releases: list, workdi
     return rows
 
 
+def synthesize_eval(root: Path, episodes: int, turns: int) -> float:
+    """An eval directory of ``episodes`` records as ``molt-env eval`` writes them (two envs, 4 samples a prompt,
+    ``turns`` tool-call turns each) in a shuffled order, and its summary.json; returns the file's size in MB."""
+    rng = random.Random(0)
+    envs = ["bench/coin-v1", "bench/tool-v1"]
+    lines = []
+    for i in range(episodes):
+        messages = [{"role": "user", "content": f"question {i // 4}: " + "what is the answer? " * 10}]
+        for _ in range(turns):
+            call = {"id": "call_1", "type": "function", "function": {"name": "lookup", "arguments": '{"q": "x"}'}}
+            messages.append({"role": "assistant", "content": "let me look it up. " * 20, "tool_calls": [call]})
+            messages.append({"role": "tool", "content": "a tool result. " * 20, "tool_call_id": "call_1"})
+        failure = {"reason": "timeout", "detail": "the sample ran past --timeout 60 s"} if i % 11 == 0 else None
+        reward = None if failure else float(rng.random() < 0.4)
+        record = {
+            "env_id": envs[i * 2 // episodes], "spec_hash": "ab" * 32, "package_version": "1.0.0",
+            "prompt_id": i % (episodes // 2) // 4, "sample": i % 4, "seed": rng.randrange(2**31),
+            "prompt": messages[:1], "label": "42", "transcript": messages, "actions": [], "prompt_tokens": 300,
+            "completion_tokens": rng.randrange(1, 2000), "turns": turns, "truncated": False,
+            "completed": failure is None, "reward": reward, "score": reward, "info": {"answer": "42"},
+            "failure": failure, "latency_s": rng.random(), "finished": "2026-12-04T23:00:00+00:00",
+        }  # fmt: skip
+        lines.append(json.dumps(record, ensure_ascii=False) + "\n")
+    rng.shuffle(lines)
+    root.mkdir(parents=True)
+    (root / viewer.SAMPLES).write_text("".join(lines))
+    summary = {"env_id": envs, "model": "bench", "n": 4, "num_prompts": episodes // 4, "pass@1": 0.4,
+               "mean_reward": 0.4, "failures": {"timeout": (episodes + 10) // 11},
+               "envs": {e: {"pass_threshold": 1.0} for e in envs}}  # fmt: skip
+    (root / viewer.SUMMARY).write_text(json.dumps(summary))
+    return (root / viewer.SAMPLES).stat().st_size / 1e6
+
+
+def whole_file(path: Path) -> int:
+    """The baseline: what the viewer did on every change of the file before it paged (its floor)."""
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    records.sort(key=lambda r: (r["env_id"], r["prompt_id"], r["sample"]))
+    return len(records)
+
+
+def bench_viewer(args: argparse.Namespace, workdir: Path) -> list[str]:
+    root = workdir / "eval"
+    megabytes = synthesize_eval(root, args.viewer_episodes, args.viewer_turns)
+    samples = root / viewer.SAMPLES
+    app = viewer.create_app(root)
+    last = -(-args.viewer_episodes // viewer.PAGE_SIZE)
+    filtered = "/?reward=pass&min_len=100&page=2"
+
+    def touch() -> None:  # a new version of the file: the viewer indexes it again
+        stat = samples.stat()
+        os.utime(samples, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+
+    async def timed(client: httpx.AsyncClient, path: str) -> float:
+        start = time.perf_counter()
+        response = await client.get(path)
+        elapsed = (time.perf_counter() - start) * 1000
+        if response.status_code != 200 or 'href="/episodes/' not in response.text:
+            raise RuntimeError(f"the viewer answered {path} with {response.status_code}")
+        return elapsed
+
+    async def measure() -> dict[str, list[float]]:
+        times: dict[str, list[float]] = {k: [] for k in ("cold", "warm", "cold filtered", "warm filtered", "last")}
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://viewer") as client:
+            await timed(client, "/")
+            for _ in range(args.viewer_cold):
+                touch()
+                times["cold"].append(await timed(client, "/"))
+                times["warm"] += [await timed(client, "/") for _ in range(args.viewer_warm)]
+                touch()
+                times["cold filtered"].append(await timed(client, filtered))
+                times["warm filtered"] += [await timed(client, filtered) for _ in range(args.viewer_warm)]
+                times["last"] += [await timed(client, f"/?page={last}") for _ in range(args.viewer_warm)]
+        return times
+
+    times = asyncio.run(measure())
+    baseline = []
+    for _ in range(args.viewer_cold):
+        start = time.perf_counter()
+        whole_file(samples)
+        baseline.append((time.perf_counter() - start) * 1000)
+    scans: dict[str, list[float]] = {"json": [], "orjson": [], "index": []}
+    for _ in range(args.viewer_cold):
+        start = time.perf_counter()
+        viewer.Index(samples, {})
+        scans["index"].append((time.perf_counter() - start) * 1000)
+        for name, loads in (("json", json.loads), ("orjson", viewer._fast_loads)):
+            index = viewer.Index(samples, {})
+            saved, viewer._fast_loads = viewer._fast_loads, loads
+            start = time.perf_counter()
+            index.fields()
+            scans[name].append((time.perf_counter() - start) * 1000)
+            viewer._fast_loads = saved
+    index_ms, scans = statistics.median(scans.pop("index")), {k: statistics.median(v) for k, v in scans.items()}
+    if viewer._fast_loads is json.loads:
+        scans["orjson"] = float("nan")  # not installed: the json figure twice
+    cold, base = statistics.median(times["cold"]), statistics.median(baseline)
+    lines = [
+        f"viewer {args.viewer_episodes} episodes ({megabytes:.1f} MB): index {index_ms:.1f} ms, field scan json "
+        f"{scans['json']:.1f} ms, orjson {scans['orjson']:.1f} ms",
+        f"viewer first page cold p50 {cold:.1f} ms, max {max(times['cold']):.1f} ms; warm p50 "
+        f"{statistics.median(times['warm']):.1f} ms, p99 {percentile(times['warm'], 99):.1f} ms; baseline whole file "
+        f"{base:.1f} ms; ratio cold/baseline {cold / base:.2f}x",
+        f"viewer filtered page cold p50 {statistics.median(times['cold filtered']):.1f} ms; warm p50 "
+        f"{statistics.median(times['warm filtered']):.1f} ms, p99 {percentile(times['warm filtered'], 99):.1f} ms; "
+        f"last page warm p50 {statistics.median(times['last']):.1f} ms",
+        f"goal first page <= 300 ms (cold, max): {'met' if max(times['cold']) <= 300 else 'NOT met'}",
+    ]
+    for line in lines:
+        print(line, flush=True)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"])
+    parser.add_argument("--backends", nargs="*", default=["sqlite", "postgresql"], help="none: the viewer only")
     parser.add_argument("--packages", type=int, default=20)
     parser.add_argument("--versions", type=int, default=3)
     parser.add_argument("--requests", type=int, default=3000, help="requests per row at 64 clients (1/4 at 1)")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 64])
     parser.add_argument("--workers", type=int, default=1, help="molt-env serve --workers")
     parser.add_argument("--pg-url", help="an existing PostgreSQL database instead of a throwaway cluster")
+    parser.add_argument("--viewer-episodes", type=int, default=10_000, help="episodes of the viewer's eval")
+    parser.add_argument("--viewer-turns", type=int, default=4, help="tool-call turns per episode of the viewer's eval")
+    parser.add_argument("--viewer-cold", type=int, default=7, help="cold requests per viewer row (file changed)")
+    parser.add_argument("--viewer-warm", type=int, default=20, help="warm requests after each cold one")
     parser.add_argument("--smoke", action="store_true", help="tiny sizes, seconds: the code path, not the figures")
     args = parser.parse_args()
     if args.smoke:
         args.packages, args.versions, args.requests, args.concurrency = 2, 1, 40, [1, 4]
+        args.viewer_episodes, args.viewer_cold, args.viewer_warm = 1000, 2, 3
     print(f"load before: {os.getloadavg()}; cores: {os.cpu_count()}", flush=True)
     with tempfile.TemporaryDirectory(prefix="molt-registry-bench-") as tmp:
         workdir = Path(tmp)
-        releases = build_releases(workdir, args.packages, args.versions)
+        releases = build_releases(workdir, args.packages, args.versions) if args.backends else []
         rows = []
         for backend in args.backends:
             rows += bench_backend(backend, args, releases, workdir)
+        viewer_lines = bench_viewer(args, workdir)
     print(f"\nload after: {os.getloadavg()}\n")
     print(
         "| backend | endpoint | clients | req/s | p50 ms | p99 ms | server CPU ms/req | client CPU ms/req "
@@ -226,6 +359,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         print("| " + " | ".join(row) + " |")
+    print("\n" + "\n".join(viewer_lines))
 
 
 if __name__ == "__main__":

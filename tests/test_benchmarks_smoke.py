@@ -70,9 +70,16 @@ EXPECTED = {
     ]
     + [
         rf"ratio req/s vs /api/health, {backend}, {n} clients: /simple/<pkg>/ {NUM}x, /api/resolve {NUM}x, "
-        rf"/packages/<pkg> {NUM}x"
+        rf"/packages/<pkg> {NUM}x, /envs/<id> {NUM}x"
         for backend in ("sqlite", "postgresql")
         for n in (1, 4)
+    ]
+    + [
+        rf"viewer 1000 episodes \({NUM} MB\): index {NUM} ms, field scan json {NUM} ms, orjson ({NUM}|nan) ms",
+        rf"viewer first page cold p50 {NUM} ms, max {NUM} ms; warm p50 {NUM} ms, p99 {NUM} ms; baseline whole file "
+        rf"{NUM} ms; ratio cold/baseline {NUM}x",
+        rf"viewer filtered page cold p50 {NUM} ms; warm p50 {NUM} ms, p99 {NUM} ms; last page warm p50 {NUM} ms",
+        r"goal first page <= 300 ms \(cold, max\): (met|NOT met)",
     ],
     "eval_bench.py": [rf"concurrency {n}: both sides sent the same \d+ requests" for n in (1, 4)]
     + [rf"concurrency {n}: plain {NUM}/s, eval {NUM}/s, ratio {NUM}; best eval" for n in (1, 4)]

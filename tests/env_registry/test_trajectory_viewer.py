@@ -237,3 +237,64 @@ def test_odd_records_and_parameters_never_give_a_5xx(tmp_path):
     assert "1 image(s) left out" in client.get("/episodes/2").text
     for path in ["/?reward=abc", "/?max_len=1e", "/episodes/-1", "/episodes/99"]:
         assert client.get(path).status_code in (400, 404), path
+
+
+def big_eval(run_dir: Path, out: Path, count: int = 10_000) -> list[dict]:
+    """``count`` episodes of the real run's test/coin-v1 and test/tool-v1 records' shape, in a shuffled order (as a
+    concurrent eval finishes them), with the run's summary.json; returns them in the viewer's episode order."""
+    import random
+
+    real = {r["env_id"]: r for r in samples(run_dir) if r["env_id"] in ("test/coin-v1", "test/tool-v1")}
+    records = []
+    for i in range(count):
+        env = "test/coin-v1" if i < count // 2 else "test/tool-v1"
+        failure = {"reason": "timeout", "detail": "slow"} if i % 7 == 0 else None
+        reward = None if failure else float(i % 3 == 0)
+        changes = {"prompt_id": (i % (count // 2)) // 4, "sample": i % 4, "completion_tokens": i % 50}
+        records.append({**real[env], **changes, "reward": reward, "completed": not failure, "failure": failure})
+    shuffled = records[:]
+    random.Random(0).shuffle(shuffled)
+    out.mkdir()
+    (out / "samples.jsonl").write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in shuffled))
+    (out / "summary.json").write_text((run_dir / "summary.json").read_text())
+    return records  # already in (env, prompt, sample) order: coin-v1 comes before tool-v1 in the summary
+
+
+def test_ten_thousand_episodes_page_by_page(run_dir, tmp_path, monkeypatch):
+    """100 episodes a page, prev/next links that keep the filters; the first page parses its own lines only."""
+    from fastapi.testclient import TestClient
+
+    from env_registry.hub import viewer
+
+    assert list(json.loads((run_dir / "summary.json").read_text())["envs"])[:2] == [COIN[10:], TOOL[10:]]
+    records = big_eval(run_dir, tmp_path / "big")
+    client = TestClient(viewer.create_app(tmp_path / "big"))
+    parsed = []
+    real_record = viewer._record
+    monkeypatch.setattr(viewer, "_record", lambda *a: parsed.append(1) or real_record(*a))
+    first = client.get("/")
+    assert first.status_code == 200 and len(parsed) == 100  # the index read no line as JSON: eval's lines' heads
+    assert rows(first.text) == list(range(100)) and "10000 of 10000 episodes; page 1 of 100" in first.text
+    assert 'rel="next" href="/?page=2"' in first.text and 'rel="prev"' not in first.text
+    last = client.get("/", params={"page": "100"})
+    assert rows(last.text) == list(range(9900, 10000)) and 'rel="prev" href="/?page=99"' in last.text
+    assert 'rel="next"' not in last.text and f"<td>{records[-1]['prompt_id']}</td><td>3</td>" in last.text
+    tail = client.get("/episodes/9999").text
+    assert f"test/tool-v1</code> prompt {records[-1]['prompt_id']}, sample 3" in tail
+
+    def want(r: dict, low: int) -> bool:
+        return r["reward"] == 1.0 and r["env_id"] == "test/tool-v1" and r["completion_tokens"] >= low
+
+    expected = [i for i, r in enumerate(records) if want(r, 10)]
+    params = {"reward": "pass", "env": "test/tool-v1", "min_len": "10"}
+    pages = [client.get("/", params={**params, "page": str(n)}) for n in (1, 2, 3)]
+    assert f"{len(expected)} of 10000 episodes; page 1 of {-(-len(expected) // 100)}" in pages[0].text
+    assert [rows(p.text) for p in pages] == [expected[:100], expected[100:200], expected[200:300]]
+    assert 'rel="next" href="/?env=test%2Ftool-v1&amp;reward=pass&amp;min_len=10&amp;page=3"' in pages[1].text
+    assert 'rel="prev" href="/?env=test%2Ftool-v1&amp;reward=pass&amp;min_len=10&amp;page=1"' in pages[1].text
+    timeouts = [i for i, r in enumerate(records) if r["failure"]]
+    assert rows(client.get("/", params={"failure": "timeout", "page": "15"}).text) == timeouts[1400:1500]
+    assert client.get("/", params={"page": "101"}).status_code == 404
+    assert client.get("/", params={"reward": "pass", "page": str(len(expected) // 100 + 99)}).status_code == 404
+    for bad in ("0", "-1", "x"):
+        assert client.get("/", params={"page": bad}).status_code == 400, bad
