@@ -2,14 +2,16 @@
 
 A ``RemoteEnvSpec`` is the server's ``EnvSpec``, whose ``hash`` is the one the server computed, with a way to reach the
 server (``env_registry.serving.urls`` makes them from URLs, ``env_registry.installs.isolated`` from isolated
-installs). ``factory`` makes the client instances (``molt_envs.remote.client``) for the runners; ``rows`` streams a
-split from the server, so a trainer draws prompts without the env package installed. Every failure to use a server
-is an ``EnvServerUnavailable`` naming the server and what to do.
+installs). ``factory`` makes the client instances (``molt_envs.remote.client``; a game's is ``RemoteGame``) for the
+runners; ``rows`` streams a split from the server, so a trainer draws prompts without the env package installed.
+Every failure to use a server is an ``EnvServerUnavailable`` naming the server and what to do.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import random
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,6 +19,7 @@ from pydantic import PrivateAttr
 
 from env_registry.errors import EnvServerUnavailable
 from env_registry.manifest import EnvSpec
+from molt_envs.seats import Game
 
 HTTP_TIMEOUT_S = 30.0
 
@@ -49,12 +52,88 @@ class RemoteEnvSpec(EnvSpec):
         return self._endpoint()
 
 
+class ServerPolicy:
+    """A scripted policy (``"random"``, ``"pkg.mod:fn"``) of a ``RemoteGame``: a name the server plays, not code."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"ServerPolicy({self.name!r})"
+
+    def __call__(self, *args: Any) -> Any:
+        raise TypeError(f"{self!r} is played by the game's env server (RemoteGame.play_policy), not called here")
+
+
+class RemoteGame(Game):
+    """A ``molt_envs.seats.Game`` living in an env server: one WebSocket (``GameSession``) per game, opened at make
+    (the server makes the instance and says its seats and who plays them). Scripted seats are played there
+    (``scripted`` returns a ``ServerPolicy`` naming them; ``play_policy`` sends the name and the runner's random
+    state, and takes back the state the policy left); the model's and frozen checkpoints' moves are generated here
+    and sent as ``play_text``. ``to_move`` is the one the last reset or move answered (no round trip)."""
+
+    def __init__(self, endpoint: Any) -> None:
+        from molt_envs.remote.client import GameSession
+
+        self._session = GameSession(endpoint)
+        self._to_move: str | None = None
+        try:
+            setup = self._session.call("game").setup
+            super().__init__(setup.seats, mode=setup.mode, opponent=setup.opponent, seat_policies=setup.seat_policies)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.close()
+            raise
+
+    def _moved(self, kind: str, data: dict[str, Any]) -> Any:
+        answer = self._session.call(kind, data)
+        self._to_move = answer.to_move
+        return answer
+
+    def reset(self, seed: int | None) -> None:
+        self._moved("game_reset", {"seed": seed})
+
+    def to_move(self) -> str | None:
+        return self._to_move
+
+    def observe(self, seat: str, first: bool) -> list[dict[str, Any]]:
+        return self._session.call("observe", {"seat": seat, "first": first}).messages
+
+    def play_text(self, seat: str, text: str) -> bool:
+        return bool(self._moved("play_text", {"seat": seat, "text": text}).going)
+
+    def play_policy(self, seat: str, policy: Callable[..., Any], rng: random.Random) -> bool:
+        if not isinstance(policy, ServerPolicy):
+            raise TypeError(
+                f"{policy!r} is code of this process; a RemoteGame plays only its scripted() policies, in its server"
+            )
+        version, internal, gauss = rng.getstate()
+        data = {"seat": seat, "policy": policy.name, "rng_state": [version, list(internal), gauss]}
+        answer = self._moved("play_policy", data)
+        version, internal, gauss = answer.rng_state
+        rng.setstate((version, tuple(internal), gauss))
+        return bool(answer.going)
+
+    def returns(self) -> dict[str, float]:
+        return self._session.call("returns").returns
+
+    def info(self, seat: str) -> dict[str, float]:
+        return self._session.call("info", {"seat": seat}).info
+
+    def scripted(self, policy: str) -> Callable[..., Any]:
+        return ServerPolicy(policy)
+
+    def close(self) -> None:
+        self._session.close()
+
+
 def factory(spec: RemoteEnvSpec) -> Callable[[], Any]:
-    """A function making a fresh client instance per episode (``RemoteEnv``, or ``RemoteChatAgent``)."""
+    """A function making a fresh client instance per episode (``RemoteEnv``, ``RemoteChatAgent``, or a game's
+    ``RemoteGame``)."""
     from molt_envs.remote.client import RemoteChatAgent, RemoteEnv
 
     endpoint = spec.endpoint()
-    cls = RemoteChatAgent if spec.kind == "chat_agent" else RemoteEnv
+    cls = {"chat_agent": RemoteChatAgent, "game": RemoteGame}.get(spec.kind, RemoteEnv)
 
     def new_instance() -> Any:
         instance = cls(endpoint)

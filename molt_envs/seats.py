@@ -30,7 +30,7 @@ from typing import Any
 
 from molt_envs.contract import Env, Result, SamplingParams, StepState
 from molt_envs.engine import Engine
-from molt_envs.runners import Runner, _decode, _encode, render_prompt, render_turn, tokenizer_work
+from molt_envs.runners import Runner, _decode, _encode, failure_reason, render_prompt, render_turn, tokenizer_work
 from molt_envs.scripted import load_callable, random_legal_action, seed_from
 from molt_envs.trajectory import Trajectory
 
@@ -313,7 +313,7 @@ class SeatRunner(Runner):
                 traj.info = {"seat": traj.seat, **game.info(traj.seat), "truncated_game": float(truncated)}
         except Exception as exc:  # failure isolation: every seat of the game fails, so it is dropped whole
             for traj in trajs:
-                traj.failure = f"{stage[0]}: {type(exc).__name__}: {exc}"
+                traj.failure = failure_reason(stage[0], exc)
         finally:
             if game is not None:
                 try:

@@ -1,4 +1,5 @@
-"""The env protocol's client: ``RemoteEnv`` and ``RemoteChatAgent``, ordinary contract objects driving a served env.
+"""The env protocol's client: ``RemoteEnv`` and ``RemoteChatAgent``, ordinary contract objects driving a served env,
+and ``GameSession``, a served game's calls made synchronously (what ``env_registry.remote.RemoteGame`` drives).
 
 The runners keep owning the LLM loop and the token-exact trajectory; only ``reset``/``step``/``close`` (or a chat
 agent's ``run``) cross the wire, one WebSocket per episode. A failure of the wire itself raises an
@@ -13,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
+from collections.abc import Coroutine
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -25,6 +28,7 @@ from molt_envs.remote.protocol import (
     CLOSE_REPLY,
     EXECUTION_ERROR,
     FACTORY_ERROR,
+    GAME_REPLY,
     PROTOCOL,
     PROTOCOL_VERSION,
     RESET_REPLY,
@@ -248,6 +252,41 @@ class RemoteChatAgent(ChatAgent):
             raise
         await self._episode.close()
         return result
+
+
+class _Bridge:
+    """One daemon thread running an event loop, where the synchronous callers' WebSockets live (``GameSession``)."""
+
+    _loop: asyncio.AbstractEventLoop | None = None
+    _pid = 0  # a forked child has the loop but not its thread: it starts its own
+    _lock = threading.Lock()
+
+    @classmethod
+    def run(cls, coro: Coroutine[Any, Any, Any]) -> Any:
+        with cls._lock:
+            if cls._loop is None or cls._pid != os.getpid():
+                cls._loop, cls._pid = asyncio.new_event_loop(), os.getpid()
+                threading.Thread(target=cls._loop.run_forever, daemon=True, name="molt-env-sync-bridge").start()
+            loop = cls._loop
+        return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+
+class GameSession:
+    """A served game's session over one WebSocket, driven synchronously (``molt_envs.seats.Game``'s methods are
+    sync and called from inside the runner's event loop, so the calls go through a thread of their own and block
+    their caller for one round trip each, as the game's own code would in process). ``call(type, data)`` returns
+    the ``GameAnswer``; failures raise as ``RemoteEnv``'s do. ``env_registry.remote.RemoteGame`` is the ``Game``
+    over it (this package imports nothing of ``seats``)."""
+
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._episode = _Episode(endpoint)
+
+    def call(self, kind: str, data: dict[str, Any] | None = None) -> Any:
+        message = {"type": kind, "data": data or {}}
+        return _Bridge.run(self._episode.call(message, GAME_REPLY, kind)).data
+
+    def close(self) -> None:
+        _Bridge.run(self._episode.close())
 
 
 def _why(exc: BaseException) -> str:

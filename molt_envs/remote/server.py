@@ -1,18 +1,20 @@
 """The env server: envs and chat agents served over the env protocol (``molt_envs.remote.protocol``), FastAPI + uvicorn.
 
-Each WebSocket is one episode with a fresh instance, made at its first message; the instance's own failures go back
-as ``EXECUTION_ERROR`` answers (the client records them as the episode's failure), and its ``close`` runs however the
-episode ends (a ``close`` message, or the client vanishing). A malformed message (a binary frame too) gets an error
-answer and leaves the episode open. The server knows nothing of the registry: ``ServedEnv`` hands it a factory, the
-spec JSON and its hash, and the dataset rows.
+Each WebSocket is one episode with a fresh instance, made at its first message (a game's: one session, driven call
+by call); the instance's own failures go back as ``EXECUTION_ERROR`` answers (the client records them as the
+episode's failure), and its ``close`` runs however the episode ends (a ``close`` message, or the client vanishing).
+A malformed message (a binary frame too) gets an error answer and leaves the episode open. The server knows nothing
+of the registry: ``ServedEnv`` hands it a factory, the spec JSON and its hash, and the dataset rows.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import json
 import logging
+import random
 import socket
 import sys
 import threading
@@ -29,6 +31,7 @@ from molt_envs.remote.protocol import (
     CLIENT_MESSAGE,
     EXECUTION_ERROR,
     FACTORY_ERROR,
+    GAME_CALLS,
     INVALID_JSON,
     PROTOCOL,
     PROTOCOL_MISMATCH,
@@ -53,8 +56,8 @@ class ServedEnv:
     """One env as a server serves it."""
 
     env_id: str
-    kind: str  # "env" | "chat_agent"
-    factory: Callable[[], Env | ChatAgent]  # a fresh instance per episode
+    kind: str  # "env" | "chat_agent" | "game"
+    factory: Callable[[], Env | ChatAgent | Any]  # a fresh instance per episode (a game: per session)
     spec: dict[str, Any]  # the EnvSpec as JSON data
     spec_hash: str
     rows: Callable[[str, int | None], Iterable[dict[str, Any]]]  # (split, limit) -> normalized rows
@@ -138,7 +141,7 @@ def _row_lines(served: ServedEnv, split: str, limit: int | None) -> Iterator[str
 
 
 async def _run_episode(ws: WebSocket, served: ServedEnv) -> None:
-    instance: Env | ChatAgent | None = None
+    instance: Any = None  # an Env, a ChatAgent, or a game
     try:
         while True:
             received = await ws.receive()
@@ -178,7 +181,13 @@ async def _run_episode(ws: WebSocket, served: ServedEnv) -> None:
                 log.warning("closing an abandoned episode of %s: %s", served.env_id, answer["data"]["message"])
 
 
-async def _handle(instance: Env | ChatAgent, served: ServedEnv, message: Any) -> dict[str, Any]:
+async def _handle(instance: Any, served: ServedEnv, message: Any) -> dict[str, Any]:
+    if served.kind == "game":
+        if message.type not in GAME_CALLS:
+            raise _Refused(UNKNOWN_TYPE, f"{served.env_id} is a game: it takes game calls, not {message.type!r}")
+        return {"type": "game", "data": _game_call(instance, message)}
+    if message.type in GAME_CALLS:
+        raise _Refused(UNKNOWN_TYPE, f"{served.env_id} is a {served.kind}, not a game: no {message.type!r} here")
     kind = "chat_agent" if isinstance(instance, ChatAgent) else "env"
     wanted = "run" if kind == "chat_agent" else "reset' or 'step"
     if (message.type == "run") != (kind == "chat_agent"):
@@ -201,6 +210,48 @@ async def _handle(instance: Env | ChatAgent, served: ServedEnv, message: Any) ->
     return result_message(result)
 
 
+def _game_call(game: Any, message: Any) -> dict[str, Any]:
+    """One call of a ``molt_envs.seats.Game`` (duck-typed: this module imports nothing of ``seats``). Game methods
+    are synchronous and run here, on the server's loop, one at a time: a game may swap process-wide state around its
+    calls (TextArena's module-level ``random``), which threads would interleave."""
+    data, kind = message.data, message.type
+    if kind == "game":
+        return {
+            "setup": {
+                "seats": list(game.seats),
+                "mode": game.mode,
+                "opponent": game.opponent,
+                "seat_policies": dict(game.seat_policies),
+            }
+        }
+    answer: dict[str, Any] = {}
+    if kind == "game_reset":
+        game.reset(data.seed)
+    elif kind == "observe":
+        return {"messages": game.observe(data.seat, first=data.first)}
+    elif kind == "returns":
+        return {"returns": game.returns()}
+    elif kind == "info":
+        return {"info": game.info(data.seat)}
+    elif kind == "play_text":
+        answer["going"] = bool(game.play_text(data.seat, data.text))
+    elif kind == "play_policy":
+        if data.policy == "model" or data.policy.startswith("checkpoint:"):
+            raise _Refused(
+                VALIDATION_ERROR,
+                f"play_policy plays scripted seats only ('random' or 'pkg.mod:fn'), not {data.policy!r}: the "
+                "client generates a model's or a checkpoint's move and sends it as play_text",
+            )
+        rng = random.Random()
+        version, internal, gauss = data.rng_state
+        rng.setstate((version, tuple(internal), gauss))
+        answer["going"] = bool(game.play_policy(data.seat, game.scripted(data.policy), rng))
+        version, internal, gauss = rng.getstate()
+        answer["rng_state"] = [version, list(internal), gauss]
+    answer["to_move"] = game.to_move()
+    return answer
+
+
 def _chat_context(run: ChatRun) -> ChatContext:
     return ChatContext(
         messages=run.messages,
@@ -218,11 +269,11 @@ def _chat_context(run: ChatRun) -> ChatContext:
     )
 
 
-async def _close(instance: Env | ChatAgent | None) -> dict[str, Any]:
-    close = getattr(instance, "close", None)  # ChatAgent has no close
+async def _close(instance: Any) -> dict[str, Any]:
+    close = getattr(instance, "close", None)  # ChatAgent has no close; a Game's is synchronous
     try:
-        if close is not None:
-            await close()
+        if close is not None and inspect.isawaitable(closing := close()):
+            await closing
     except Exception as exc:
         return error_message(EXECUTION_ERROR, _describe(exc), type(exc).__name__)
     return {"type": "closed", "data": {}}

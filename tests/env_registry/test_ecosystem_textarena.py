@@ -5,6 +5,7 @@ two-player game through the seats (self-play, vs a random player, TextArena's in
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
@@ -21,11 +22,12 @@ from env_registry.ecosystems.adapter import MissingLibrary
 from env_registry.ecosystems.textarena.play import TextArenaGame
 from env_registry.ecosystems.textarena.source import SOURCE
 from env_registry.errors import NameNotFound, UnregisteredEnv
-from env_registry.remote import RemoteEnvSpec
+from env_registry.remote import RemoteEnvSpec, RemoteGame
 from env_registry.runners import runner_for
 from molt_envs import SamplingParams
 from molt_envs.engine import Generation
 from molt_envs.replay_model import ByteChatTokenizer, ReplayEngine
+from molt_envs.seats import SeatRunner
 
 textarena = pytest.importorskip("textarena")
 from textarena.envs.registration import ENV_REGISTRY  # noqa: E402
@@ -146,7 +148,7 @@ async def test_a_puzzle_is_played_to_its_end_through_its_env_server_with_textare
 
 async def test_self_play_gives_one_trajectory_per_seat_with_opposite_rewards():
     spec = env_registry.spec("textarena:TicTacToe-v0")
-    assert spec.kind == "game" and not isinstance(spec, RemoteEnvSpec)  # games run in this process (module doc)
+    assert spec.kind == "game" and isinstance(spec, RemoteEnvSpec)  # games run in their env server too
     x, o = await runner_for("textarena:TicTacToe-v0").execute(
         "game", {"seed": 3}, PARAMS, 8192, TOK, TextEngine(first_available)
     )
@@ -157,6 +159,86 @@ async def test_self_play_gives_one_trajectory_per_seat_with_opposite_rewards():
     assert (x.reward, o.reward) == (1.0, -1.0) and (x.num_turns, o.num_turns) == (4, 3)
     assert (x.info["win"], o.info["loss"], x.rollout_id != o.rollout_id) == (1.0, 1.0, True)
     assert "You are Player 1 in Tic Tac Toe" in TOK.decode(o.token_ids)
+
+
+IN_A_FRESH_PROCESS = """
+import asyncio, json, os, re, sys
+import env_registry
+from env_registry.remote import RemoteGame
+from molt_envs import SamplingParams
+from molt_envs.engine import Generation
+from molt_envs.replay_model import ByteChatTokenizer
+
+TOK = ByteChatTokenizer()
+
+class FirstAvailable:
+    async def generate(self, prompt_ids, params, images=None):
+        context = TOK.decode(prompt_ids)
+        move = re.findall(r"\\[\\d\\]", re.findall(r"Available Moves: (.*)", context)[-1])[0]
+        ids = TOK.encode("I play " + move) + [TOK.eos_token_id]
+        return Generation(ids, [0.0] * len(ids), "stop")
+
+game = env_registry.make("textarena:TicTacToe-v0")
+server = env_registry.spec("textarena:TicTacToe-v0").endpoint().server.process.pid
+made = [type(game).__name__, isinstance(game, RemoteGame), game.seats]
+game.close()
+runner = env_registry.runner_for("textarena:TicTacToe-v0")
+trajs = asyncio.run(runner.execute("game", {"seed": 3}, SamplingParams(max_tokens=64), 8192, TOK, FirstAvailable()))
+print(json.dumps({
+    "made": made, "server": server, "me": os.getpid(), "textarena": "textarena" in sys.modules,
+    "trajs": [[t.seat, t.reward, t.num_turns, t.failure, t.token_ids] for t in trajs],
+}))
+"""
+
+
+async def test_a_game_plays_in_its_env_server_exactly_as_in_process():
+    """The game lives in its env server (a fresh process making it never imports TextArena itself), and a game
+    through the wire is token for token the game in process: self-play and against a random player (whose moves
+    are drawn in the server from the runner's random state)."""
+    out = subprocess.run([sys.executable, "-c", IN_A_FRESH_PROCESS], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout.splitlines()[-1])
+    assert seen["made"] == ["RemoteGame", True, ["player_0", "player_1"]]
+    assert seen["server"] != seen["me"] and not seen["textarena"]
+    in_process = SeatRunner(lambda: TextArenaGame("TicTacToe-v0"), env_id="textarena:TicTacToe-v0")
+    x, o = await in_process.execute("game", {"seed": 3}, PARAMS, 8192, TOK, TextEngine(first_available))
+    assert [[t.seat, t.reward, t.num_turns, t.failure, t.token_ids] for t in (x, o)] == seen["trajs"]
+    assert x.reward + o.reward == 0.0 and (x.reward, o.reward) == (1.0, -1.0)
+
+    remote = runner_for("textarena:TicTacToe-v0")
+    assert isinstance(env_registry.make("textarena:TicTacToe-v0"), RemoteGame)
+    for label in (
+        {"seed": 3},
+        *({"seed": s, "mode": "vs", "opponent": "random", "model_seat": s % 2} for s in range(4)),
+    ):
+        there = await remote.execute("game", label, PARAMS, 8192, TOK, TextEngine(first_available))
+        here = await in_process.execute("game", label, PARAMS, 8192, TOK, TextEngine(first_available))
+        assert len(there) == len(here) and all(t.ok for t in there), [t.failure for t in there]
+        for a, b in zip(there, here, strict=True):
+            assert (a.seat, a.token_ids, a.reward, a.info, a.num_turns) == (
+                b.seat,
+                b.token_ids,
+                b.reward,
+                b.info,
+                b.num_turns,
+            )
+
+
+async def test_a_served_game_plays_checkpoint_seats_here_and_scripted_seats_there():
+    """A frozen checkpoint's seat is generated by the caller (the runner's engine) and crosses as text; a policy that
+    is code of the caller's process cannot be played by the server and says so."""
+    runner = runner_for("textarena:TicTacToe-v0")
+    runner.engines["checkpoint:/frozen"] = (TextEngine(first_available), TOK)
+    label = {"seed": 3, "mode": "vs", "opponent": "checkpoint:/frozen", "model_seat": 0}
+    (x,) = await runner.execute("game", label, PARAMS, 8192, TOK, TextEngine(first_available))
+    assert x.ok and (x.seat, x.reward, x.num_turns) == ("player_0", 1.0, 4)  # the first-free-square game above
+    game = env_registry.make("textarena:TicTacToe-v0")
+    try:
+        game.reset(0)
+        with pytest.raises(TypeError, match="plays only its scripted"):
+            game.play_policy("player_0", lambda *args: "[4]", random.Random(0))
+    finally:
+        game.close()
 
 
 async def test_the_test_split_plays_one_seat_against_a_random_player():

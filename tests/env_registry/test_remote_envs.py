@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 import subprocess
 import sys
@@ -97,6 +98,35 @@ def test_a_remote_episode_is_token_exact_with_the_env_in_process(served):
     assert remote.reward == 0.0 and run(url, "3", "3").reward == 1.0
 
 
+def test_a_served_game_is_played_through_the_wire_as_in_process(served):
+    """``molt/tictactoe-v4`` served: a ``RemoteGame`` whose seats, moves, random opponents and returns are the
+    server's, token-exact with the game in process (self-play, and the model against a random player)."""
+    url = served("molt/tictactoe-v4")
+    game = env_registry.make(url)
+    try:
+        assert type(game).__name__ == "RemoteGame" and game.spec.kind == "game" and len(game.seats) == 2
+    finally:
+        game.close()
+    moves = [f"<move>{square}</move>" for square in (4, 0, 8, 2, 6, 1, 3, 5, 7)]
+    for label in ({"seed": 5}, {"seed": 6, "mode": "vs", "opponent": "random", "model_seat": 1}):
+        tokenizer = ByteChatTokenizer()
+        episodes = [
+            asyncio.run(
+                env_registry.runner_for(env_id).execute(
+                    "tic", label, SamplingParams(max_tokens=32), 4096, tokenizer, ReplayEngine(tokenizer, moves)
+                )
+            )
+            for env_id in (url, "molt/tictactoe-v4")
+        ]
+        remote, local = episodes
+        assert remote and len(remote) == len(local) and all(t.ok for t in remote), [t.failure for t in remote]
+        for a, b in zip(remote, local, strict=True):
+            assert a.seat == b.seat
+            same_episode(a, b)
+        if label.get("mode") != "vs":
+            assert sum(t.reward for t in remote) == 0.0
+
+
 @pytest.mark.skipif(sandboxes.probe().auto is None, reason="no sandbox provider works on this host")
 def test_a_multi_turn_tool_env_runs_its_sandboxed_tool_in_the_server(served):
     call = '<tool_call>\n{"name": "python_executor", "arguments": {"code": "print(6 * 7)"}}\n</tool_call>'
@@ -186,6 +216,31 @@ def test_the_server_answers_malformed_messages_and_keeps_the_episode(served):
     assert unknown["data"]["code"] == "VALIDATION_ERROR" and "teleport" in unknown["data"]["message"]
     assert no_field["data"]["code"] == "VALIDATION_ERROR" and "turn" in no_field["data"]["message"]
     assert good["type"] == "observation" and good["data"]["reward"] == 1.0 and good["data"]["done"] is True
+
+
+def test_a_game_session_refuses_what_is_no_game_call_and_stays_open(served):
+    url = served("molt/tictactoe-v4")
+    rng = [3, list(random.Random(0).getstate()[1]), None]
+    setup, step, model, reset, env_reset = asyncio.run(
+        exchange(
+            url,
+            "1",
+            json.dumps({"type": "game", "data": {}}),
+            json.dumps(
+                {"type": "step", "data": {"observation_text": "", "action_text": "", "sampling_params": {}, "turn": 0}}
+            ),
+            json.dumps({"type": "play_policy", "data": {"seat": "x", "policy": "model", "rng_state": rng}}),
+            json.dumps({"type": "game_reset", "data": {"seed": 1}}),
+            json.dumps({"type": "reset", "data": {"observation": ""}}),
+        )
+    )
+    assert setup["type"] == "game" and len(setup["data"]["setup"]["seats"]) == 2
+    assert step["data"]["code"] == "UNKNOWN_TYPE" and "is a game" in step["data"]["message"]
+    assert model["data"]["code"] == "VALIDATION_ERROR" and "play_text" in model["data"]["message"]
+    assert reset["type"] == "game" and reset["data"]["to_move"] in setup["data"]["setup"]["seats"]
+    assert env_reset["data"]["code"] == "UNKNOWN_TYPE"
+    (no_game,) = asyncio.run(exchange(served("molt/arith-v1"), "1", json.dumps({"type": "returns", "data": {}})))
+    assert no_game["data"]["code"] == "UNKNOWN_TYPE" and "not a game" in no_game["data"]["message"]
 
 
 def test_a_client_of_another_protocol_version_is_refused(served):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
@@ -11,6 +12,7 @@ import pytest
 from molt_envs import Result, SamplingParams
 from molt_envs.remote.protocol import (
     CLIENT_MESSAGE,
+    GAME_REPLY,
     PROTOCOL,
     STEP_REPLY,
     answer_result,
@@ -73,3 +75,19 @@ def test_images_are_refused_clearly_until_the_protocol_carries_them():
 def test_a_value_json_cannot_carry_is_an_error_not_a_silent_change():
     with pytest.raises(TypeError):
         dumps(result_message(Result(info={"when": object()})))
+
+
+def test_a_game_call_and_its_answer_cross_the_wire_with_the_random_state():
+    rng = random.Random(7)
+    rng.random()
+    version, internal, gauss = rng.getstate()
+    data = {"seat": "player_1", "policy": "random", "rng_state": [version, list(internal), gauss]}
+    message = CLIENT_MESSAGE.validate_json(dumps({"type": "play_policy", "data": data}))
+    version, internal, gauss = message.data.rng_state
+    again = random.Random()
+    again.setstate((version, tuple(internal), gauss))
+    assert again.random() == rng.random()
+    answer = GAME_REPLY.validate_json(dumps({"type": "game", "data": {"to_move": None, "going": False}}))
+    assert (answer.data.to_move, answer.data.going, answer.data.returns) == (None, False, None)
+    with pytest.raises(ValueError, match="seat"):
+        CLIENT_MESSAGE.validate_json(dumps({"type": "observe", "data": {"first": True}}))

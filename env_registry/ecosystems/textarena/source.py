@@ -19,7 +19,6 @@ from typing import Any
 from env_registry.ecosystems.adapter import Adapter
 from env_registry.ecosystems.textarena.play import Table, unwrapped
 from env_registry.errors import UnregisteredEnv
-from env_registry.manifest import EnvSpec
 from env_registry.sources import CatalogEntry
 from molt_envs.seats import MODES, RANDOM, check_policy
 
@@ -314,10 +313,6 @@ class TextArena(Adapter):
                 "1000000, so they do not overlap",
             },
         }
-
-    def spec(self, env_id: str) -> EnvSpec:
-        local = self.local_spec(env_id)
-        return local if local.kind == "game" else super().spec(env_id)  # games stay here (module docstring)
 
 
 def _check_seating(own: dict[str, Any], players: int) -> None:
