@@ -134,7 +134,10 @@ async def sandbox_sessions(args: argparse.Namespace) -> list[str]:
     opened = []
     start = time.perf_counter()
     for batch in range(0, args.sessions, 64):  # opened 64 at a time: each is a jail starting its REPL
-        group = [sandboxes.open("local", persistent=True) for _ in range(min(64, args.sessions - batch))]
+        group = [
+            sandboxes.open("local", persistent=True, sessions=args.sessions)
+            for _ in range(min(64, args.sessions - batch))
+        ]
         await asyncio.gather(*(s.start() for s in group))
         opened += group
     open_s = time.perf_counter() - start

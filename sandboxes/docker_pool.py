@@ -220,8 +220,9 @@ class DockerWorker(Worker):
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise WorkerDied("no reply within the deadline")
-            ready, _, _ = select.select([self._raw], [], [], remaining)
-            if not ready:
+            waiter = select.poll()  # not select: many sessions' descriptors go past its 1,024
+            waiter.register(self._raw, select.POLLIN)
+            if not waiter.poll(remaining * 1000):
                 continue
             chunk = self._raw.recv(need)
             if not chunk:

@@ -37,7 +37,7 @@ def host_site_packages() -> list[str]:
     return sorted(p for p in paths if os.path.isdir(p))
 
 
-SLOTS_PER_PROCESS = 256  # live workers of every local pool of the process (pool workers + persistent sessions)
+SLOTS_PER_PROCESS = 2048  # live workers of every local pool of the process (pool workers + persistent sessions)
 
 
 class _SlotNumbers:
@@ -94,6 +94,7 @@ def make_pool(
     limits: Limits | None = None,
     binds: tuple[tuple[str, str], ...] = (),
     network: str = "none",
+    sessions: int = 32,
 ) -> WorkerPool:
     """Build the local pool, or refuse with what is missing when the host cannot isolate.
 
@@ -101,8 +102,11 @@ def make_pool(
     holding a unix socket the jail may connect to). ``network``: "none" (no sockets but AF_UNIX) or "loopback" (TCP
     and UDP inside the jail's own network namespace, which has a loopback device and nothing else: its programs can
     talk to each other, never to the host or beyond; a forwarder on loopback to a bound unix socket is how a jailed
-    client reaches one host service).
+    client reaches one host service). ``sessions``: persistent sessions the pool holds open at once (a jail each;
+    an RL batch of tool episodes wants one per episode in flight).
     """
+    if not 1 <= sessions <= SLOTS_PER_PROCESS - 1:
+        raise ValueError(f"sessions={sessions!r}: a pool holds 1 to {SLOTS_PER_PROCESS - 1} persistent sessions")
     report = probe.probe(docker=False)
     missing = report.local_missing
     isolate = not missing
@@ -183,9 +187,10 @@ def make_pool(
         return worker
 
     size = workers or os.cpu_count() or 1
-    if size > SLOTS_PER_PROCESS - 32:
-        raise ValueError(f"workers={size}: at most {SLOTS_PER_PROCESS - 32} per process")
-    return WorkerPool("local" if isolate else "local-unsafe", factory, size, recycle_after=recycle_after)
+    if size + sessions > SLOTS_PER_PROCESS:
+        raise ValueError(f"workers={size} and sessions={sessions}: at most {SLOTS_PER_PROCESS} jails per process")
+    kind = "local" if isolate else "local-unsafe"
+    return WorkerPool(kind, factory, size, recycle_after=recycle_after, max_sessions=sessions)
 
 
 def stale_scratch_dirs() -> list[str]:

@@ -313,10 +313,14 @@ def _write_some(fd: int, data: memoryview) -> int:
 
 
 def _wait_fd(fd: int, deadline: float, *, write: bool) -> None:
+    """Wait until ``fd`` is ready or the deadline passes (poll, not select: a process holding many sessions has
+    descriptors past select's 1,024)."""
     remaining = deadline - time.monotonic()
     if remaining <= 0:
         raise WorkerDied("no reply within the deadline")
-    select.select([], [fd], [], remaining) if write else select.select([fd], [], [], remaining)
+    waiter = select.poll()
+    waiter.register(fd, select.POLLOUT if write else select.POLLIN)
+    waiter.poll(remaining * 1000)
 
 
 def _set_if_pending(future: asyncio.Future) -> None:

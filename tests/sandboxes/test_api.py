@@ -120,6 +120,30 @@ async def test_persistent_repl_session():
 
 
 @needs_local
+async def test_a_pool_holds_as_many_persistent_sessions_as_it_is_sized_for():
+    """``sessions=N``: N persistent sessions open at once (an RL batch of tool episodes), each with its own state;
+    one more waits for a slot rather than starting unbounded work; a size out of range names the value."""
+    opened = [sandboxes.open("local", persistent=True, workers=1, sessions=40) for _ in range(40)]
+    try:
+        await asyncio.gather(*(sb.start() for sb in opened))
+        results = await asyncio.gather(*(sb.run_python(f"x = {i}\nx") for i, sb in enumerate(opened)))
+        assert [r.stdout for r in results] == [f"{i}\n" for i in range(40)]
+        assert len({sb._require_session().slot for sb in opened}) == 40
+        late = sandboxes.open("local", persistent=True, workers=1, sessions=40)
+        waiting = asyncio.create_task(late.start())
+        await asyncio.sleep(0.5)
+        assert not waiting.done()  # queued for a slot
+        await opened.pop().close()
+        await asyncio.wait_for(waiting, 30)
+        opened.append(late)
+        assert (await late.run_python("print(globals().get('x'))")).stdout == "None\n"  # a fresh REPL in the freed slot
+    finally:
+        await asyncio.gather(*(sb.close() for sb in opened))
+    with pytest.raises(ValueError, match="sessions=0: a pool holds 1 to"):
+        await sandboxes.open("local", persistent=True, workers=1, sessions=0).start()
+
+
+@needs_local
 async def test_jails_of_two_pools_never_share_a_uid_or_a_cgroup():
     """Two pools (other options) each number their slots from 0; closing one pool's session must not kill the
     other's jail (it once did: both slots' cgroup was the same, and removing it killed everything in it)."""
