@@ -17,6 +17,7 @@ from env_registry.errors import Error
 from env_registry.ids import parse_env_id
 from env_registry.registry import registry
 from env_registry.sources import for_scheme, sources
+from env_registry.validation.calibration import add_reference_flags, reference_argv, reference_of
 
 SERVER_EXTRA = {"fastapi", "uvicorn", "httpx", "multipart", "python_multipart", "build", "hatchling"}
 SERVER_EXTRA |= {"sqlalchemy", "alembic", "psycopg", "jinja2", "markdown_it", "nh3"}
@@ -215,6 +216,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         workers=args.workers,
         validate=args.validate,
         validate_timeout_s=args.validate_timeout,
+        gate_argv=reference_argv(args),
     )
     return 0
 
@@ -375,7 +377,9 @@ def cmd_yank(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from env_registry.validation import validate
 
-    report = validate(args.target, registry=args.registry, token=args.token, timeout_s=args.timeout)
+    report = validate(
+        args.target, registry=args.registry, token=args.token, timeout_s=args.timeout, reference=reference_of(args)
+    )
     print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
     return 0 if report.ok else 1
 
@@ -469,6 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
         "an upload is not installable until it passes",
     )
     srv.add_argument("--validate-timeout", type=float, default=600.0, help="wall-clock limit of each validation (s)")
+    add_reference_flags(srv)
     srv.set_defaults(fn=cmd_serve)
 
     tok = sub.add_parser("token", help="mint, list or revoke the publish tokens of a registry directory")
@@ -561,6 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     registry_args(val)
     val.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of the jailed checks (s)")
     val.add_argument("--json", action="store_true", help="print the report as JSON")
+    add_reference_flags(val)
     val.set_defaults(fn=cmd_validate)
     return parser
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import urllib.parse
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -310,17 +311,18 @@ def serve(
     workers: int = 1,
     validate: bool = False,
     validate_timeout_s: float = 600.0,
+    gate_argv: Sequence[str] = (),
 ) -> None:
     """Run the server under uvicorn until interrupted (arguments as ``create_app``; ``workers`` > 1 runs that many
     server processes on one port, each with its own connections to the one database). With ``validate``, the
     publish gate's worker process (``env_registry.validation.gate``, ``validate_timeout_s`` per package) runs
-    alongside and ends with the server."""
+    alongside and ends with the server; ``gate_argv`` is added to its command line (the reference policy's flags)."""
     import uvicorn
 
     gate = None
     if validate:
         cmd = [sys.executable, "-m", "env_registry.validation.gate", "--root", str(root)]
-        cmd += ["--timeout", str(validate_timeout_s), *(["--db", db] if db else [])]
+        cmd += ["--timeout", str(validate_timeout_s), *(["--db", db] if db else []), *gate_argv]
         # its own process group (the gate ends it, pip and jail children included, when its stdin closes)
         gate = subprocess.Popen(cmd, stdin=subprocess.PIPE, start_new_session=True)
     try:

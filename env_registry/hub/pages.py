@@ -167,6 +167,37 @@ def _card(package: PackageInfo) -> dict[str, Any]:
     }
 
 
+def _calibration(report: dict[str, Any] | None, env_id: str) -> dict[str, Any] | None:
+    """The env's reference-eval figures from the validation report, with its pass@k curve's SVG points (drawn by the
+    template: no script)."""
+    from env_registry.validation.calibration import curve_points
+
+    figures = ((report or {}).get("calibration") or {}).get(env_id)
+    if not isinstance(figures, dict):
+        return None
+    if figures.get("error"):
+        return {"error": figures["error"], "policy": figures.get("policy")}
+    passk = [v if isinstance(v, int | float) else 0.0 for v in figures.get("pass_at_k") or []]
+    points = curve_points(passk)
+    histogram = figures.get("reward_histogram") or []
+    top = max(histogram, default=0) or 1
+    keys = ("badge", "policy", "spec_hash", "split", "finished", "mean_reward", "num_prompts", "n", "failures")
+    keys += ("turns_mean", "prompt_tokens_mean", "completion_tokens_mean", "seconds_mean", "sandbox_calls_mean")
+    return {
+        **dict.fromkeys(keys),
+        **figures,
+        "failures": figures.get("failures") or {},
+        "reward_range": (figures.get("reward_range") or [None, None]) + [None, None],
+        "reward_histogram": histogram,
+        "passes_per_prompt": figures.get("passes_per_prompt") or [],
+        "pass_at_k": figures.get("pass_at_k") or [],
+        "error": None,
+        "points": points,
+        "polyline": " ".join(f"{x},{y}" for x, y in points),
+        "bars": [(i, count, round(40 * count / top, 1)) for i, count in enumerate(histogram)],
+    }
+
+
 def hub_router() -> APIRouter:
     """The hub's routes (the app's ``state.registry`` and ``state.private`` are what they read)."""
     router = APIRouter(route_class=PageRoute, tags=["hub pages"], default_response_class=HTMLResponse)
@@ -268,6 +299,7 @@ def hub_router() -> APIRouter:
             extra={k: v for k, v in manifest.items() if k not in CARD_FIELDS and v not in (None, {}, [])},
             validation_status=status,
             validation_report=report,
+            calibration=_calibration(report, entry.env_id),
             evals=evals,
             pass_keys=pass_keys,
             siblings=siblings,

@@ -3,7 +3,8 @@
 ``validate(target) -> ValidationReport`` is the one entry point (the registry server's publish gate calls it too);
 ``report.ok`` is the verdict, ``report.to_json()`` its stored form.
 
-May import: ``store`` (the publish gate's states), ``packages`` and the top of ``env_registry``; never ``hub``.
+May import: ``store`` (the publish gate's states), ``packages``, ``evaluation`` (the reference eval of the difficulty
+calibration, ``calibration``) and the top of ``env_registry``; never ``hub``.
 """
 
 from env_registry.validation.report import Check, ValidationReport

@@ -9,7 +9,9 @@ them up again when the server next starts with ``--validate`` (once its old clai
 may share one database (replicas, each ``--validate``): each release is claimed by one of them
 (``ValidationStates.claim_validation``), whose claim is renewed every ``lease / 3`` while it validates, so a release
 is validated once however many gates see it pending. The gate exits when its stdin closes (the server
-that started it is gone), taking its pip and jail children with it.
+that started it is gone), taking its pip and jail children with it. With ``--reference-endpoint`` (the operator's
+reference policy), each env whose checks passed is also played by it in the jail, and the report's ``calibration``
+holds its difficulty figures (``env_registry.validation.calibration``).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from collections.abc import Sequence
 
 from env_registry.store.local import LocalRegistry
 from env_registry.store.validation_states import FAILED, PASSED
+from env_registry.validation.calibration import Reference, add_reference_flags, reference_of
 from env_registry.validation.report import ValidationReport
 from env_registry.validation.validate import now, validate
 
@@ -35,7 +38,12 @@ LEASE_S = 120.0  # a claim not renewed for this long (its gate died) is taken ov
 
 
 def validate_release(
-    registry: LocalRegistry, package: str, version: str, timeout_s: float, claimant: str | None = None
+    registry: LocalRegistry,
+    package: str,
+    version: str,
+    timeout_s: float,
+    claimant: str | None = None,
+    reference: Reference | None = None,
 ) -> ValidationReport:
     """Validate one stored release's wheel and store the verdict; returns the report.
 
@@ -45,11 +53,12 @@ def validate_release(
         version: its version.
         timeout_s: wall-clock limit of the jailed checks.
         claimant: the gate whose claim the verdict is stored under (None: unconditionally).
+        reference: the reference policy of the difficulty calibration (None: no calibration).
     """
     info = registry.release(package, version)
     wheel = registry.file_path(info.package, info.wheel.filename)
     try:
-        report = validate(wheel, timeout_s=timeout_s)
+        report = validate(wheel, timeout_s=timeout_s, reference=reference)
     except Exception as exc:  # a bug of the validator itself: the release fails, with the reason, not the gate
         report = ValidationReport(target=wheel.name, package=info.package, version=info.version, started=now())
         tail = traceback.format_exception_only(exc)[-1].strip()
@@ -62,7 +71,13 @@ def validate_release(
     return report
 
 
-def run(registry: LocalRegistry, timeout_s: float, stop: threading.Event, lease_s: float = LEASE_S) -> None:
+def run(
+    registry: LocalRegistry,
+    timeout_s: float,
+    stop: threading.Event,
+    lease_s: float = LEASE_S,
+    reference: Reference | None = None,
+) -> None:
     """Validate pending releases until ``stop`` is set, each only once this gate's claim on it won. A database or
     file-store error is printed and retried (the release stays pending), so the gate outlives a database restart."""
     claimant = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -78,7 +93,7 @@ def run(registry: LocalRegistry, timeout_s: float, stop: threading.Event, lease_
                 )
                 renew.start()
                 try:
-                    report = validate_release(registry, info.package, info.version, timeout_s, claimant)
+                    report = validate_release(registry, info.package, info.version, timeout_s, claimant, reference)
                 finally:
                     done.set()
                     renew.join()
@@ -114,11 +129,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--db", help="the registry database URL (default: the SQLite file in --root)")
     parser.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of each package's checks (s)")
     parser.add_argument("--lease", type=float, default=LEASE_S, help="seconds before a dead gate's claim is taken over")
+    add_reference_flags(parser)
     args = parser.parse_args(argv)
+    reference = reference_of(args)
     registry = LocalRegistry(args.root, label="this registry", db=args.db)
     threading.Thread(target=_exit_with_stdin, daemon=True).start()
     try:
-        run(registry, args.timeout, threading.Event(), args.lease)
+        run(registry, args.timeout, threading.Event(), args.lease, reference)
     finally:
         registry.close()
     return 0

@@ -19,11 +19,26 @@ WORKER = "import sys\nfrom env_registry.validation.worker import main\nsys.exit(
 GRACE_S = 120.0  # the child's own start-up and the jail's, on top of the worker's wall limit
 
 
-def run_worker(site: Path, stdin: str, timeout_s: float, memory_mb: int, loopback: bool) -> dict[str, Any]:
+def run_worker(
+    site: Path,
+    stdin: str,
+    timeout_s: float,
+    memory_mb: int,
+    loopback: bool,
+    binds: tuple[tuple[str, str], ...] = (),
+) -> dict[str, Any]:
     """The worker's sandbox result: ``status``, ``stdout``, ``stderr``, ``exit_code``, ``provider``; status
     ``unavailable`` (with ``detail``) when this host cannot isolate, ``infra_error`` when the child failed.
-    ``loopback``: the jail gets a loopback device of its own (a ChatAgent's session server listens there)."""
-    request = {"site": str(site), "stdin": stdin, "timeout_s": timeout_s, "memory_mb": memory_mb, "loopback": loopback}
+    ``loopback``: the jail gets a loopback device of its own (a ChatAgent's session server listens there).
+    ``binds``: (host directory, jail path) pairs mounted read-only (the reference endpoint's unix socket)."""
+    request = {
+        "site": str(site),
+        "stdin": stdin,
+        "timeout_s": timeout_s,
+        "memory_mb": memory_mb,
+        "loopback": loopback,
+        "binds": [list(pair) for pair in binds],
+    }
     request = json.dumps(request)
     cmd = [sys.executable, "-m", "env_registry.validation.jail"]
     try:
@@ -53,6 +68,7 @@ async def _serve(request: dict[str, Any]) -> dict[str, Any]:
             site_packages=(request["site"],),
             python=JAIL_PYTHON,
             network="loopback" if request["loopback"] else "none",
+            **({"binds": tuple(tuple(pair) for pair in request["binds"])} if request.get("binds") else {}),
         ) as sb:
             result = await sb.run_python(WORKER, stdin=request["stdin"])
     except sandboxes.SandboxUnavailable as exc:

@@ -60,6 +60,7 @@ class ValidationReport:
     started: str = ""
     finished: str = ""
     samples: dict[str, dict[str, list[Any]]] = field(default_factory=dict)  # env ID -> split -> first prompts
+    calibration: dict[str, dict[str, Any]] = field(default_factory=dict)  # env ID -> the reference eval's figures
 
     @property
     def ok(self) -> bool:
@@ -74,6 +75,15 @@ class ValidationReport:
         kept = [p for p in (_sample(p) for p in prompts[:MAX_SAMPLES]) if p is not None]
         if env_id in self.env_ids and len(split) <= 64:
             self.samples.setdefault(env_id, {})[split] = kept
+
+    def add_calibration(self, env_id: Any, data: Any) -> None:
+        """Keep an env's reference-eval figures (``calibration``) as the jailed worker sent them, reduced to bounded
+        numbers and short strings; anything else is dropped."""
+        from env_registry.validation.calibration import sanitize
+
+        kept = sanitize(data)
+        if kept is not None and isinstance(env_id, str) and env_id in self.env_ids:
+            self.calibration[env_id] = kept
 
     def add(self, name: str, passed: bool, detail: str = "", env_id: str | None = None) -> bool:
         self.checks.append(Check(name, bool(passed), detail[:4000], env_id))
@@ -96,6 +106,15 @@ class ValidationReport:
             where = f"[{check.env_id}] " if check.env_id else ""
             detail = f": {check.detail}" if check.detail else ""
             lines.append(f"  {'PASS' if check.passed else 'FAIL'}  {where}{check.name}{detail}")
+        for env_id, c in self.calibration.items():
+            if c.get("error"):
+                lines.append(f"  reference eval of {env_id}: {c['error']}")
+                continue
+            curve = ", ".join(f"pass@{k}={v:.3f}" for k, v in enumerate(c["pass_at_k"], 1) if v is not None)
+            badge = f" [{c['badge']}]" if c.get("badge") else ""
+            lines.append(
+                f"  reference eval of {env_id} by {c['policy']}: {curve}, mean reward {c['mean_reward']}{badge}"
+            )
         failed = sum(not c.passed for c in self.checks)
         lines.append(f"{len(self.checks) - failed} passed, {failed} failed: {'OK' if self.ok else 'NOT OK'}")
         return "\n".join(lines)

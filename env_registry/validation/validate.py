@@ -14,6 +14,11 @@ broken package.
    A package that hangs, forks without end, writes outside its directory or crashes the interpreter is contained
    there and reported: the checks finished before it went wrong, and the step it was in.
 
+5. With a ``reference`` policy (the operator's, ``calibration``): the worker then plays each env whose checks all
+   passed with it, in the same jail (``evaluate``, ``molt-env eval``'s loop), and ``report.calibration`` holds pass@k,
+   the mean reward, a reward histogram and the cost per episode. The jail's network namespace stays its own: the
+   endpoint is reached through a unix socket bound into it, which the host pipes to the endpoint only.
+
 A hostile package can still make its own checks pass (it runs in the worker's process); validation finds broken
 packages and contains hostile ones, it does not prove a package benign.
 """
@@ -35,6 +40,7 @@ from pathlib import Path
 
 from env_registry.errors import Error
 from env_registry.packages.artifacts import file_sha256, inspect_wheel
+from env_registry.validation.calibration import JAIL_SOCKET_DIR, SOCKET_NAME, Reference, host_side
 from env_registry.validation.jail import JAIL_PYTHON, run_worker
 from env_registry.validation.report import ValidationReport
 
@@ -42,6 +48,7 @@ PIP_TIMEOUT_S = 900
 FRAMEWORK = "molt-ecosystem"
 FRAMEWORK_PACKAGES = ("env_registry", "molt_envs", "sandboxes", "molt_train")
 CHAT_DEPENDENCIES = ("fastapi", "uvicorn", "httpx", "jinja2")  # the session server a ChatAgent is checked through
+REFERENCE_DEPENDENCIES = ("openai", "httpx")  # the reference eval's EndpointPolicy
 
 
 def now() -> str:
@@ -55,6 +62,7 @@ def validate(
     token: str | None = None,
     timeout_s: float = 600.0,
     memory_mb: int = 2048,
+    reference: Reference | None = None,
 ) -> ValidationReport:
     """Validate an env package: a source directory, a wheel file, or an env ID (``ns/name-vN[@version]``).
 
@@ -64,6 +72,8 @@ def validate(
         token: the registry token, for private registries.
         timeout_s: wall-clock limit of the jailed checks (a package that hangs fails at this point).
         memory_mb: memory limit of the jailed checks.
+        reference: the reference policy of the difficulty calibration (``calibration``): each env whose checks all
+            passed is then played by it in the jail, and ``report.calibration`` holds its figures.
 
     Returns:
         The report; ``report.ok`` says whether every check passed, ``report.to_json()`` is its stored form.
@@ -76,9 +86,9 @@ def validate(
         if wheel is not None:
             kinds = _read_wheel(wheel, report)
             if kinds is not None:
-                site = _install(wheel, "chat_agent" in kinds, work, report)
+                site = _install(wheel, "chat_agent" in kinds, work, report, reference is not None)
                 if site is not None:
-                    _run_jailed(site, "chat_agent" in kinds, report, timeout_s, memory_mb)
+                    _run_jailed(site, "chat_agent" in kinds, report, timeout_s, memory_mb, reference)
     report.finished = now()
     return report
 
@@ -132,7 +142,7 @@ def _read_wheel(wheel: Path, report: ValidationReport) -> set[str] | None:
     return {m.kind for m in manifests}
 
 
-def _install(wheel: Path, chat: bool, work: Path, report: ValidationReport) -> Path | None:
+def _install(wheel: Path, chat: bool, work: Path, report: ValidationReport, calibrate: bool = False) -> Path | None:
     """A fresh venv holding the wheel, its declared dependencies and the framework; returns its site-packages."""
     try:
         framework = framework_wheel()
@@ -146,7 +156,8 @@ def _install(wheel: Path, chat: bool, work: Path, report: ValidationReport) -> P
     if proc.returncode != 0:
         report.add("install into a fresh venv", False, f"{JAIL_PYTHON} -m venv failed: {proc.stderr.strip()[-500:]}")
         return None
-    extras = [f"{name}=={metadata.version(name)}" for name in CHAT_DEPENDENCIES] if chat else []
+    wanted = (CHAT_DEPENDENCIES if chat else ()) + (REFERENCE_DEPENDENCIES if calibrate else ())
+    extras = [f"{name}=={metadata.version(name)}" for name in dict.fromkeys(wanted)]
     cmd = [
         sys.executable,
         "-m",
@@ -177,10 +188,16 @@ def _install(wheel: Path, chat: bool, work: Path, report: ValidationReport) -> P
     return site
 
 
-def _run_jailed(site: Path, chat: bool, report: ValidationReport, timeout_s: float, memory_mb: int) -> None:
+def _run_jailed(
+    site: Path, chat: bool, report: ValidationReport, timeout_s: float, memory_mb: int, reference: Reference | None
+) -> None:
     nonce = secrets.token_hex(16)
-    stdin = json.dumps({"nonce": nonce, "env_ids": report.env_ids, "package": report.package})
-    result = run_worker(site, stdin, timeout_s, memory_mb, loopback=chat)
+    given: dict = {"nonce": nonce, "env_ids": report.env_ids, "package": report.package}
+    if reference is not None:
+        given["reference"] = {**reference.to_json(), "socket": f"{JAIL_SOCKET_DIR}/{SOCKET_NAME}"}
+    with host_side(reference) as forwarder:
+        binds = ((forwarder.directory, JAIL_SOCKET_DIR),) if forwarder is not None else ()
+        result = run_worker(site, json.dumps(given), timeout_s, memory_mb, chat or reference is not None, binds)
     if result["status"] == "unavailable":
         report.isolation = "none available"
         report.add(
@@ -188,6 +205,8 @@ def _run_jailed(site: Path, chat: bool, report: ValidationReport, timeout_s: flo
         )
         return
     network = "a loopback device of its own, nothing else" if chat else "no network"
+    if reference is not None:
+        network = "a loopback device of its own, and a unix socket piped to the reference endpoint only"
     report.isolation = (
         f"sandboxes {result.get('provider', 'local')} jail: bubblewrap namespaces, seccomp, Landlock, rlimits, "
         f"cgroup; {network}; host read-only; the venv read-only; {timeout_s:g} s wall, {memory_mb} MB"
@@ -221,6 +240,8 @@ def _read_events(stdout: str, nonce: str, report: ValidationReport) -> tuple[boo
         elif isinstance(event.get("samples"), dict):
             given = event["samples"]
             report.add_samples(given.get("env_id"), given.get("split"), given.get("prompts"))
+        elif isinstance(event.get("calibration"), dict):
+            report.add_calibration(event["calibration"].get("env_id"), event["calibration"].get("figures"))
         elif event.get("done"):
             done = True
     return done, step
