@@ -403,7 +403,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chk.add_argument("--sessions", type=int, help="a URL: concurrent episodes of the concurrency check (default 16)")
     chk.add_argument(
-        "--max-sessions", type=int, help="a URL (openenv): the server's session limit, checked for CAPACITY_REACHED"
+        "--max-sessions",
+        type=int,
+        help="a URL: the server's session limit; the concurrency check stays within it, and (openenv) one more "
+        "session must be answered CAPACITY_REACHED",
     )
     chk.add_argument("--timeout", type=float, help="a URL: seconds each server check may take (default 30)")
     chk.set_defaults(fn=cmd_check)
