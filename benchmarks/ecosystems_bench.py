@@ -49,6 +49,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -57,17 +58,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import env_registry
-from env_registry.datasets import load_split
-from molt_envs import SamplingParams
+sys.path.insert(0, str(Path(__file__).parent))
 
-TICK_S = 1 / os.sysconf("SC_CLK_TCK")
+from remote_env_bench import server_cpu_s  # noqa: E402
 
-# an OpenEnv env written with OpenEnv's server API, served by uvicorn on a free loopback port in a process of its own;
-# prints its URL once it answers and exits when our end of its stdin closes
-OPENENV_ECHO = r"""
-import os, socket, sys, threading, time
-import uvicorn
+import env_registry  # noqa: E402
+from env_registry.datasets import load_split  # noqa: E402
+from molt_envs import SamplingParams  # noqa: E402
+
+# an OpenEnv env written with OpenEnv's server API, served by the openenv adapter's own launcher (uvicorn on a free
+# loopback port in a process of its own, exiting when our end of its stdin closes)
+OPENENV_ECHO = """
 from openenv.core.env_server.http_server import create_app
 from openenv.core.env_server.interfaces import Environment
 from openenv.core.env_server.types import Action, EnvironmentMetadata, Observation, State
@@ -99,25 +100,7 @@ class EchoEnv(Environment):
         return EnvironmentMetadata(name="echo", description="Echoes each message.", version="1.0")
 
 app = create_app(EchoEnv, EchoAction, EchoObservation, env_name="echo", max_concurrent_envs=512)
-sock = socket.socket()
-sock.bind(("127.0.0.1", 0))
-server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-def watch():
-    while not server.started:
-        time.sleep(0.05)
-    print(f"ready at http://127.0.0.1:{sock.getsockname()[1]}", flush=True)
-    sys.stdin.read()
-    os._exit(0)
-threading.Thread(target=watch, daemon=True).start()
-server.run(sockets=[sock])
 """
-
-
-def server_cpu_s(pid: int | None) -> float:
-    if pid is None:
-        return float("nan")
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) * TICK_S  # utime + stime
 
 
 def step_state(text: str, action: str, label: Any, turn: int) -> dict[str, Any]:
@@ -257,11 +240,18 @@ def gym_case(n_rows: int) -> Case:
 def openenv_case(n_rows: int) -> Case:
     from openenv.core.generic_client import GenericEnvClient
 
+    from env_registry.ecosystems.openenv.source import LAUNCHER
+
+    app_dir = tempfile.mkdtemp(prefix="openenv-echo-")
+    Path(app_dir, "openenv_echo.py").write_text(OPENENV_ECHO)
     process = subprocess.Popen(
-        [sys.executable, "-c", OPENENV_ECHO], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", LAUNCHER, "openenv_echo:app", app_dir],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
     line = process.stdout.readline()
-    if not line.startswith("ready at "):
+    if " ready at " not in line:
         process.kill()
         raise SystemExit("the OpenEnv echo server did not start")
     url = line.split()[-1]

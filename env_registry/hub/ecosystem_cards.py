@@ -3,7 +3,8 @@ what the ``molt.sources`` installed on the server resolve, shown like a package'
 library and version, license, kind, datasets, sample prompts) and listed per scheme with each ID's availability.
 
 The hub fetches nothing for a card: an ``openenv:URL`` ID (a server somewhere) is refused, and so are kwargs (a card
-is for the ID as its ecosystem names it). A catalog is computed once per server process and kept.
+is for the ID as its ecosystem names it). A catalog and a card are computed once per server process and kept (they
+change only with the installed libraries).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from env_registry.sources import CatalogEntry
 
 SAMPLE_PROMPTS = 3  # rows of each split the card shows as the model sees them
 _CATALOGS: dict[str, list[CatalogEntry]] = {}
+_CARDS: dict[str, dict[str, Any]] = {}
 _LOCK = threading.Lock()
 
 
@@ -73,6 +75,9 @@ def card(env_id: str) -> dict[str, Any]:
         raise NotAnEcosystemCard(
             f"{env_id!r} names a server; the hub shows cards of installed envs only, never fetches"
         )
+    with _LOCK:
+        if env_id in _CARDS:
+            return _CARDS[env_id]
     spec = registry_spec(env_id)
     samples: dict[str, Any] = {}
     for split in sorted(spec.datasets):
@@ -80,4 +85,6 @@ def card(env_id: str) -> dict[str, Any]:
             samples[split] = [row["prompt"] for row in load_split(spec, split, SAMPLE_PROMPTS)]
         except Exception as exc:  # a foreign generator's failure is shown, never a 500
             samples[split] = f"{type(exc).__name__}: {exc}"
-    return {"env_id": env_id, "spec": spec, "upstream": spec.upstream or {}, "samples": samples}
+    made = {"env_id": env_id, "spec": spec, "upstream": spec.upstream or {}, "samples": samples}
+    with _LOCK:
+        return _CARDS.setdefault(env_id, made)

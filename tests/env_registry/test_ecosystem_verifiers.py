@@ -12,74 +12,38 @@ import pickle
 import re
 import subprocess
 import sys
-import threading
 import time
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from verifiers_support import ID  # noqa: E402
+from verifiers_support import ID, ScriptedChat, serve_scripted
 
 import env_registry
 from env_registry.cli import main
 from env_registry.errors import EnvServerUnavailable, NameNotFound, UnregisteredEnv
 
 
-class Scripted(BaseHTTPRequestHandler):
-    """An OpenAI-compatible endpoint (plain and streamed Chat Completions) whose replies are scripted: the first
-    ``RIGHT[a]`` requests about "What is a+b?" get the sum, later ones a wrong number; the first ``RIGHT[w]`` asked to
-    "Say the word w." say it, later ones "wrong"."""
+class Scripted(ScriptedChat):
+    """The first ``RIGHT[a]`` requests about "What is a+b?" get the sum, later ones a wrong number; the first
+    ``RIGHT[w]`` asked to "Say the word w." say it, later ones "wrong"."""
 
     RIGHT = {100: 4, 101: 0, 102: 1, "berry": 2, "cherry": 4}
     asked: Counter = Counter()
-    lock = threading.Lock()
+    usage = {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13}
 
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        said = " ".join(str(m.get("content")) for m in body["messages"])
+    def reply(self, said: str) -> str:
         word = re.search(r"Say the word (\w+)\.", said)  # the OpenEnv env of the mixed eval
         a, b = (0, 0) if word else map(int, re.search(r"What is (\d+)\+(\d+)", said).groups())
         key = word[1] if word else a
         with self.lock:
             right = self.asked[key] < self.RIGHT.get(key, 0)
             self.asked[key] += 1
-        text = (word[1] if right else "wrong") if word else str(a + b if right else a + b + 1)
-        head = {"id": "c", "created": 0, "model": body["model"]}
-        usage = {"prompt_tokens": 12, "completion_tokens": 1, "total_tokens": 13}
-        if body.get("stream"):
-            chunks = [
-                {"choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}]},
-                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-                {"choices": [], "usage": usage},
-            ]
-            data = "".join(f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', **c})}\n\n" for c in chunks)
-            self._send(data + "data: [DONE]\n\n", "text/event-stream")
-        else:
-            message = {"role": "assistant", "content": text}
-            reply = {**head, "object": "chat.completion", "usage": usage}
-            reply["choices"] = [{"index": 0, "message": message, "finish_reason": "stop"}]
-            self._send(json.dumps(reply), "application/json")
-
-    def _send(self, text: str, content_type: str) -> None:
-        data = text.encode()
-        self.send_response(200)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        return (word[1] if right else "wrong") if word else str(a + b if right else a + b + 1)
 
 
 @pytest.fixture
 def scripted():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    Scripted.asked.clear()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    yield from serve_scripted(Scripted)
 
 
 def test_the_venv_lists_the_taskset_and_its_spec(vf_venv, capsys):

@@ -24,6 +24,15 @@ def verdicts(stdout: str) -> dict[str, str]:
     return {name: verdict for verdict, name in ROW.findall(server_part)}
 
 
+def _end(proc: subprocess.Popen) -> None:
+    """A server started with ``--exit-on-stdin-eof`` (or reading its stdin): close it, then wait, else kill."""
+    proc.stdin.close()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @pytest.fixture(scope="module")
 def serve():
     running: list[subprocess.Popen] = []
@@ -42,11 +51,7 @@ def serve():
 
     yield start
     for proc in running:
-        proc.stdin.close()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        _end(proc)
 
 
 def test_our_molt_env_server_passes_every_check(serve):
@@ -161,11 +166,7 @@ def broken():
         raise AssertionError(f"the broken server did not start: {line!r}{proc.stdout.read()}")
     threading.Thread(target=lambda: [None for _ in proc.stdout], daemon=True).start()
     yield match[1]
-    proc.stdin.close()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    _end(proc)
 
 
 def test_a_broken_molt_env_server_fails_the_checks_it_breaks(broken):

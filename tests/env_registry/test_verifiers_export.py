@@ -11,12 +11,11 @@ import os
 import re
 import subprocess
 import sys
-import threading
 from collections import Counter, defaultdict
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from verifiers_support import ScriptedChat, serve_scripted
 
 from env_registry.cli import main
 
@@ -30,55 +29,22 @@ def answers(digits: str) -> list[str]:
     return [right, right[1] + right[0] + right[2:], "no idea"]
 
 
-class Scripted(BaseHTTPRequestHandler):
-    """An OpenAI-compatible endpoint (plain and streamed Chat Completions): the k-th request about "sort:D=" gets
-    ``answers(D)[k % 3]``."""
+class Scripted(ScriptedChat):
+    """The k-th request about "sort:D=" gets ``answers(D)[k % 3]``."""
 
     asked: Counter = Counter()
-    lock = threading.Lock()
 
-    def log_message(self, *args) -> None:
-        pass
-
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
-        said = " ".join(str(m.get("content")) for m in body["messages"])
+    def reply(self, said: str) -> str:
         digits = re.search(r"sort:(\d+)=", said)[1]
         with self.lock:
             k = self.asked[digits]
             self.asked[digits] += 1
-        text = answers(digits)[k % 3]
-        head = {"id": "c", "created": 0, "model": body["model"]}
-        usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
-        if body.get("stream"):
-            chunks = [
-                {"choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}]},
-                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
-                {"choices": [], "usage": usage},
-            ]
-            data = "".join(f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', **c})}\n\n" for c in chunks)
-            self._send(data + "data: [DONE]\n\n", "text/event-stream")
-        else:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-            self._send(json.dumps({**head, "object": "chat.completion", "usage": usage, "choices": [choice]}))
-
-    def _send(self, text: str, content_type: str = "application/json") -> None:
-        data = text.encode()
-        self.send_response(200)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+        return answers(digits)[k % 3]
 
 
 @pytest.fixture
 def scripted():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Scripted)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    Scripted.asked.clear()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+    yield from serve_scripted(Scripted)
 
 
 def vf_eval(venv: Path, out: Path, *args: str) -> subprocess.CompletedProcess:

@@ -1,13 +1,20 @@
-"""The verifiers venv the verifiers tests share (one per test session: conftest registers ``vf_venv``): made by
+"""The verifiers venv the verifiers tests share, and the scripted OpenAI-compatible endpoint they evaluate against.
+
+The venv (one per test session: conftest registers ``vf_venv``): made by
 ``molt-env ecosystem install verifiers --with`` a small taskset package written here (``vfx_arith``, against
 ``verifiers.v1``), in a tmp ``MOLT_CACHE`` set for the session so every process started by the tests finds it. Its
 runtime wheel, built from this checkout, also brings ``molt_verifiers`` (our IDs as a verifiers taskset)."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+import threading
 import time
+from collections import Counter
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -92,3 +99,54 @@ def vf_venv(tmp_path_factory):
         print(f"\nthe verifiers venv took {seconds:.1f} s: {made.stdout.strip()}")
         assert f"tasksets: {ID}" in made.stdout
         yield cache / "ecosystems" / "verifiers" / "venv"
+
+
+class ScriptedChat(BaseHTTPRequestHandler):
+    """An OpenAI-compatible endpoint (plain and streamed Chat Completions) whose reply to a request is
+    ``reply(said)``, ``said`` the request's messages' contents joined; a subclass scripts it (``asked`` and ``lock``
+    are there for counting requests) and sets the ``usage`` it reports."""
+
+    usage = {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+    asked: Counter
+    lock = threading.Lock()
+
+    def reply(self, said: str) -> str:
+        raise NotImplementedError
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["content-length"])))
+        text = self.reply(" ".join(str(m.get("content")) for m in body["messages"]))
+        head = {"id": "c", "created": 0, "model": body["model"]}
+        if body.get("stream"):
+            chunks = [
+                {"choices": [{"index": 0, "delta": {"role": "assistant", "content": text}, "finish_reason": None}]},
+                {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+                {"choices": [], "usage": self.usage},
+            ]
+            data = "".join(f"data: {json.dumps({**head, 'object': 'chat.completion.chunk', **c})}\n\n" for c in chunks)
+            self._send(data + "data: [DONE]\n\n", "text/event-stream")
+        else:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
+            reply = {**head, "object": "chat.completion", "usage": self.usage, "choices": [choice]}
+            self._send(json.dumps(reply), "application/json")
+
+    def _send(self, text: str, content_type: str) -> None:
+        data = text.encode()
+        self.send_response(200)
+        self.send_header("content-type", content_type)
+        self.send_header("content-length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+def serve_scripted(handler: type[ScriptedChat]) -> Iterator[str]:
+    """Serve ``handler`` on a free loopback port (its ``asked`` cleared); yields the ``/v1`` base URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    handler.asked.clear()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
