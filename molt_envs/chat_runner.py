@@ -41,6 +41,11 @@ async def shared_session_server(engine: Any, tokenizer: Any) -> Any:
         return server
 
 
+def session_replays() -> int:
+    """Retries answered by replay on the running loop's session servers so far (``SessionServer.replays``)."""
+    return sum(server.replays for server in _SERVERS.get(asyncio.get_running_loop(), {}).values())
+
+
 async def close_session_servers() -> None:
     """Stop the running loop's session servers (call before the loop closes, e.g. at the end of a test)."""
     for server in _SERVERS.pop(asyncio.get_running_loop(), {}).values():

@@ -15,11 +15,12 @@ from molt_train.experience import Experience
 def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """One rollout batch from the parts ``--rollout.num_workers`` workers generated of it (each a
     ``RolloutWorker.generate_step`` result, or a lost worker's all-dropped part): trajectories in worker order, counts
-    summed (overall, per env, the judge's), the earliest start and latest end, the sampler state of a part that has
+    summed (overall, per env, the judge's, the fault counters), the earliest start and latest end, the sampler state of a part that has
     one (every worker draws the same batches)."""
     dropped: dict[str, int] = {}
     per_env: dict[str, dict[str, Any]] = {}
     judge: dict[str, float] = {}
+    counters: dict[str, int] = {}
     for part in parts:
         for reason, count in part["dropped"].items():
             dropped[reason] = dropped.get(reason, 0) + count
@@ -30,6 +31,8 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
                 mine["dropped"][reason] = mine["dropped"].get(reason, 0) + count
         for key, value in part.get("judge", {}).items():
             judge[key] = judge.get(key, 0) + value
+        for key, value in part.get("counters", {}).items():
+            counters[key] = counters.get(key, 0) + value
     batch = {
         "step": parts[0]["step"],
         "trajectories": [t for part in parts for t in part["trajectories"]],
@@ -37,6 +40,7 @@ def merge_parts(parts: list[dict[str, Any]]) -> dict[str, Any]:
         "dropped": dropped,
         "num_rollouts": sum(part["num_rollouts"] for part in parts),
         "per_env": per_env,
+        "counters": counters,
         "start": min(part["start"] for part in parts),
         "end": max(part["end"] for part in parts),
         "generated_tokens": sum(part["generated_tokens"] for part in parts),
@@ -110,6 +114,7 @@ def rollout_metrics(batch: dict[str, Any]) -> dict[str, float]:
         mine = [t for t, e in zip(batch["trajectories"], envs, strict=True) if e == env]
         figures = _rollout_figures(mine, counts["dropped"]) | {"num_rollouts": float(counts["num_rollouts"])}
         metrics.update({f"rollout/{env}/{k}": v for k, v in figures.items()})
+    metrics.update(batch.get("counters", {}))  # sandbox/<counter>, session/replays: the batch's faults absorbed
     judge = batch.get("judge")
     if judge is not None:  # --judge.*: the batch's LLM-as-judge calls (never trained on)
         metrics.update({f"judge/{k}": v for k, v in judge.items() if k != "seconds"})

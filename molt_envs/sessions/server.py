@@ -116,6 +116,7 @@ class SessionServer:
         self._swept = time.monotonic()
         self._created = time.time()
         self.sessions: dict[str, Session] = {}
+        self.closed_replays = 0  # the replays of sessions closed so far (``replays``)
         self.app = self._build_app()
         self.url: str | None = None  # http://host:port once started
         self._server: uvicorn.Server | None = None
@@ -172,7 +173,14 @@ class SessionServer:
         session = self.sessions.pop(session_id, None)
         if session is not None:
             session.closed = True
+            self.closed_replays += session.replays
         return session
+
+    @property
+    def replays(self) -> int:
+        """Retries answered by replay, over every session this server opened (a client whose connection broke
+        mid-call sends the same request again and gets the answer it missed)."""
+        return self.closed_replays + sum(s.replays for s in self.sessions.values())
 
     def _expire_idle(self) -> None:
         """Drop sessions idle for longer than ``session_ttl_s`` (checked at most every tenth of the TTL)."""

@@ -254,6 +254,7 @@ class Session:
         self.prompt, self.label = prompt, label
         self.segments: list[Trajectory] = []
         self.refused = 0  # calls answered with an empty "length" reply: no room left under max_length
+        self.replays = 0  # a client's retries answered by replaying the last call (its connection broke, say)
         self.inline_max_chars = INLINE_MAX_CHARS  # -1: every piece of tokenizer work goes to the pool
         self.lock = asyncio.Lock()
         self.last_used = time.monotonic()
@@ -312,6 +313,7 @@ class Session:
         self.last_used = time.monotonic()
         async with self.lock:
             if key == self._last_key and self._last_replies:
+                self.replays += 1
                 return [replace(r, engine_s=0.0) for r in self._last_replies]  # a retry: replay, record nothing
             try:
                 plan = await self._tokenizer_work(len(key), self._plan, request)

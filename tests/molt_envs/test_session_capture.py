@@ -227,8 +227,11 @@ async def test_a_retry_replays_the_reply_and_records_nothing(serve, tiny_engine,
     again = await chat(client, messages, temperature=1.0)
     assert again.choices[0].message.content == first.choices[0].message.content
     assert len(engine.calls) == 1 and session.segments[0].token_ids == tokens
+    assert session.replays == server.replays == 1  # counted: the rollout reports it as session/replays
     await chat(client, messages, temperature=0.5)  # a different request is a new generation
-    assert len(engine.calls) == 2
+    assert len(engine.calls) == 2 and server.replays == 1
+    server.close_session(session.session_id)
+    assert server.replays == 1  # a closed session's replays stay counted
 
 
 async def test_a_turn_is_committed_only_after_generation_succeeds(serve, tiny_tokenizer):

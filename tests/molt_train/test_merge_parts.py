@@ -28,6 +28,7 @@ def test_parts_merge_in_worker_order_with_counts_summed():
         {"x": {"num_rollouts": 2, "dropped": {"timeout": 1}}, "y": {"num_rollouts": 1, "dropped": {}}},
         data_state={"positions": {"x": 4}},
         judge={"calls": 2},
+        counters={"sandbox/retries": 1, "session/replays": 0},
         start=9.0,
     )
     lost = part(
@@ -40,6 +41,7 @@ def test_parts_merge_in_worker_order_with_counts_summed():
         {"x": {"num_rollouts": 1, "dropped": {}}},
         data_state={"positions": {"x": 4}},
         judge={"calls": 1},
+        counters={"sandbox/retries": 2, "session/replays": 3},
     )
     batch = merge_parts([a, lost, b])
     assert batch["trajectories"] == ["t0", "t1", "t2"] and batch["trajectory_envs"] == ["x", "y", "x"]
@@ -51,6 +53,7 @@ def test_parts_merge_in_worker_order_with_counts_summed():
     }
     assert (batch["start"], batch["end"]) == (9.0, 14.0)
     assert batch["generated_tokens"] == 15 and batch["judge"] == {"calls": 3}
+    assert batch["counters"] == {"sandbox/retries": 3, "session/replays": 3}  # the lost part had none
     assert batch["data_state"] == {"positions": {"x": 4}}
 
 
