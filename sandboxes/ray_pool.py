@@ -57,12 +57,12 @@ class _SandboxActor:
         return sid
 
     def session_call(self, sid: int, header: dict, payload: dict | None, limits: Limits) -> Result | dict:
-        return self.sessions[sid]._call(header, payload, limits)
+        return self.sessions[sid].call_blocking(header, payload, limits)
 
     def close_session(self, sid: int) -> None:
         session = self.sessions.pop(sid, None)
-        if session is not None and session.worker is not None:
-            self.pool.release(session.slot, session.worker)
+        if session is not None:  # its slot goes back even when its worker died (it has none then)
+            session.close_blocking()
 
     def stats(self) -> dict:
         return dict(self.pool.stats)

@@ -12,6 +12,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 
@@ -127,6 +128,8 @@ class JailWorker(Worker):
         self.cgroup = cgroup
         self.scratch: str | None = None
         self.on_closed: Callable[[], None] | None = None  # called once, at the end of the first close()
+        self._close_lock = threading.Lock()
+        self._closed = False
         fds: list[int] = []
         if isolate:
             argv, fds = jail.bwrap_argv(python, config, site_dirs, binds)
@@ -272,7 +275,16 @@ class JailWorker(Worker):
         self.proc.wait()
 
     def close(self) -> None:
-        """Ask the zygote to exit (EOF), then make sure: kill, reap, empty and remove the cgroup."""
+        """Ask the zygote to exit (EOF), then make sure: kill, reap, empty and remove the cgroup. Idempotent and
+        safe from several threads: only the first call does it (the others wait for it), since once the slot
+        number is given back a new worker may own the same cgroup path, which a second teardown would empty."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._teardown()
+
+    def _teardown(self) -> None:
         for stream in (self.proc.stdin,):
             with contextlib.suppress(OSError):
                 stream.close()

@@ -14,6 +14,7 @@ import pytest
 
 import sandboxes
 from sandboxes import api, jail
+from sandboxes import worker as worker_module
 from sandboxes.pool import IdleSlots
 
 pytestmark = pytest.mark.timeout(120)
@@ -35,6 +36,42 @@ def kill_group(launcher: int) -> None:
     with contextlib.suppress(OSError), open(f"/proc/{launcher}/task/{launcher}/children") as handle:
         for child in handle.read().split():
             os.kill(int(child), signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    """`pid` and every process below it, parents first (from /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop(0)
+        found.append(current)
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    todo += [int(child) for child in handle.read().split()]
+    return found
+
+
+def jail_pids(worker) -> set[int]:
+    """A local worker's host pids: its launcher, everything below it, and whatever is in its cgroup."""
+    return {*descendants(worker.proc.pid), *(worker.cgroup.pids() if worker.cgroup is not None else ())}
+
+
+def zygote_and_below(worker) -> list[int]:
+    """The worker's zygote (the outermost process running zygote.py) and every process below it."""
+    for pid in descendants(worker.proc.pid):
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as handle:
+            argv = handle.read().split(b"\0")
+            if "python" in os.path.basename(argv[0].decode()) and b"/opt/sandboxes/zygote.py" in argv[:4]:
+                return descendants(pid)
+    raise LookupError(f"no zygote below {worker.proc.pid}")
+
+
+def still_there(pids: set[int], timeout_s: float = 5.0) -> set[int]:
+    """Those of `pids` that /proc still lists (zombies included) after up to `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while (left := {pid for pid in pids if os.path.exists(f"/proc/{pid}")}) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return left
 
 
 @needs_local
@@ -129,14 +166,25 @@ async def test_a_pool_holds_as_many_persistent_sessions_as_it_is_sized_for():
         results = await asyncio.gather(*(sb.run_python(f"x = {i}\nx") for i, sb in enumerate(opened)))
         assert [r.stdout for r in results] == [f"{i}\n" for i in range(40)]
         assert len({sb._require_session().slot for sb in opened}) == 40
+        pool = local_pool(workers=1, sessions=40)
+        before = dict(pool.stats)
+        gives_up = sandboxes.open("local", persistent=True, workers=1, sessions=40)
         late = sandboxes.open("local", persistent=True, workers=1, sessions=40)
+        leaving = asyncio.create_task(gives_up.start())
+        await asyncio.sleep(0.05)
         waiting = asyncio.create_task(late.start())
         await asyncio.sleep(0.5)
-        assert not waiting.done()  # queued for a slot
+        assert not waiting.done() and not leaving.done() and pool.session_waiters == 2  # queued, first come first
+        leaving.cancel()  # a waiter whose episode ran out of time leaves the queue and takes no slot
+        with pytest.raises(asyncio.CancelledError):
+            await leaving
+        assert pool.session_waiters == 1
         await opened.pop().close()
         await asyncio.wait_for(waiting, 30)
         opened.append(late)
         assert (await late.run_python("print(globals().get('x'))")).stdout == "None\n"  # a fresh REPL in the freed slot
+        assert pool.stats["session_waits"] - before["session_waits"] == 2
+        assert pool.stats["session_wait_s"] - before["session_wait_s"] >= 0.5 + 0.5
     finally:
         await asyncio.gather(*(sb.close() for sb in opened))
     with pytest.raises(ValueError, match="sessions=0: a pool holds 1 to"):
@@ -217,18 +265,83 @@ async def test_back_pressure_queues_callers(provider):
         elapsed = time.monotonic() - start
     assert all(r.ok for r in results), results
     assert elapsed >= 0.9, f"8 x 0.25 s on 2 workers finished in {elapsed:.2f} s: more than 2 ran at once"
+    if provider == "local":  # the 6 calls that found both workers busy counted their wait (ray's live in its actors)
+        pool = local_pool(**options)
+        assert pool.stats["slot_waits"] >= 6 and pool.stats["slot_wait_s"] >= 6 * 0.2, pool.stats
 
 
 @needs_local
-async def test_worker_death_is_retried_once_as_infra():
-    async with sandboxes.open("local", workers=1, recycle_after=10_000) as sb:
+async def test_worker_death_is_noticed_at_once_and_replaced():
+    """A worker killed from outside mid-call (SIGKILL on its jail, or on its zygote alone) is noticed at once by
+    its channel (EOF), not at the call's deadline: a one-shot call is retried once on a fresh worker; a session's
+    call is infra_error (its state is lost) and its next call gets a fresh REPL. Nothing of the dead jail is left."""
+    async with (
+        sandboxes.open("local", workers=1, recycle_after=10_000) as sb,
+        sandboxes.open("local", persistent=True, workers=1, recycle_after=10_000) as repl,
+    ):
         assert (await sb.run_python("pass")).ok
         pool = local_pool(workers=1, recycle_after=10_000)
         victim = pool._workers[0]
+        dead = jail_pids(victim)
         threading.Timer(0.3, kill_group, (victim.proc.pid,)).start()
-        r = await sb.run_python("import time; time.sleep(1); print('done')")
+        start = time.monotonic()
+        r = await sb.run_python("import time; time.sleep(1); print('done')", wall_s=30)
         assert (r.status, r.stdout, r.attempts) == ("ok", "done\n", 2), r
-        assert pool.stats["retries"] == 1
+        assert time.monotonic() - start < 10, "the death was noticed at the deadline, not at once"
+        assert pool.stats["retries"] == 1 and pool._workers[0] is not victim
+        assert still_there(dead) == set()
+
+        assert (await repl.run_python("x = 1")).ok
+        victim = repl._session.worker
+        dead = jail_pids(victim)
+        threading.Timer(0.3, os.kill, (zygote_and_below(victim)[0], signal.SIGKILL)).start()
+        start = time.monotonic()
+        r = await repl.run_python("import time; time.sleep(30)", wall_s=30)
+        assert r.status == "infra_error" and "state was lost" in r.stderr, r
+        assert time.monotonic() - start < 10, "the death was noticed at the deadline, not at once"
+        r = await repl.run_python("print(globals().get('x'))")
+        assert (r.status, r.stdout) == ("ok", "None\n"), r  # a fresh worker, a fresh REPL
+        assert still_there(dead) == set()
+
+
+@needs_local
+async def test_a_wedged_worker_is_bounded_by_the_calls_wall_limit(monkeypatch):
+    """A snippet spinning forever is killed by its worker at the wall limit ("timeout"); the worker stays. A worker
+    that stops answering itself (its zygote stopped: wedged) is given up at the wall limit plus the reply grace,
+    killed with its whole jail, and the call retried on a fresh worker (one-shot) or reported infra_error (session)."""
+    monkeypatch.setattr(worker_module, "REPLY_GRACE_S", 0.5)
+    async with (
+        sandboxes.open("local", workers=1, recycle_after=10_002) as sb,
+        sandboxes.open("local", persistent=True, workers=1, recycle_after=10_002) as repl,
+    ):
+        assert (await sb.run_python("pass")).ok
+        pool = local_pool(workers=1, recycle_after=10_002)
+        worker, respawns = pool._workers[0], pool.stats["respawns"]
+        idle = jail_pids(worker)
+        r = await sb.run_python("while True: pass", wall_s=0.5, cpu_s=30)
+        assert r.status == "timeout" and r.wall_ms < 3000, r
+        assert pool._workers[0] is worker and pool.stats["respawns"] == respawns  # the worker itself is fine
+        assert still_there(idle - jail_pids(worker)) == set()  # the spinning process is gone
+        assert len(jail_pids(worker)) == len(idle)  # and nothing else of the call runs
+
+        wedged = jail_pids(worker)
+        for pid in zygote_and_below(worker):
+            os.kill(pid, signal.SIGSTOP)
+        start = time.monotonic()
+        r = await sb.run_python("print('ok')", wall_s=0.5)
+        elapsed = time.monotonic() - start
+        assert (r.status, r.stdout, r.attempts) == ("ok", "ok\n", 2), r
+        assert 1.0 <= elapsed < 6, f"given up after {elapsed:.2f} s, not at wall_s + grace = 1 s"
+        assert still_there(wedged) == set()
+
+        assert (await repl.run_python("x = 1")).ok
+        wedged = jail_pids(repl._session.worker)
+        for pid in zygote_and_below(repl._session.worker):
+            os.kill(pid, signal.SIGSTOP)
+        r = await repl.run_python("x", wall_s=0.5)
+        assert r.status == "infra_error" and "no reply within the deadline" in r.stderr, r
+        assert still_there(wedged) == set()
+        assert (await repl.run_python("print(globals().get('x'))")).stdout == "None\n"
 
 
 @needs_local
@@ -256,23 +369,44 @@ async def test_repeated_worker_death_is_infra_error():
 
 
 @needs_local
-async def test_cancelled_call_finishes_and_frees_its_worker():
-    """Cancelling a caller does not cut its execution short or leave its reply in the channel: the
-    one worker finishes it, then serves the next call with that call's own output."""
-    async with sandboxes.open("local", workers=1, recycle_after=10_000) as sb:
+async def test_cancelled_call_kills_its_worker_and_frees_the_slot_at_once():
+    """Cancelling a caller (an episode past its deadline) abandons its execution: the worker running it is killed at
+    once, with everything in its jail, and the one slot serves the next call right away on a fresh worker. The same
+    for a persistent session's call: its worker is killed and the session's next call gets a fresh REPL."""
+    async with (
+        sandboxes.open("local", workers=1, recycle_after=10_000) as sb,
+        sandboxes.open("local", persistent=True, workers=1, recycle_after=10_000) as repl,
+    ):
         assert (await sb.run_python("pass")).ok
         pool = local_pool(workers=1, recycle_after=10_000)
-        before = dict(pool.stats)
-        first = asyncio.create_task(sb.run_python("import time; time.sleep(0.5); print('first')"))
-        await asyncio.sleep(0.15)
+        before, victim = dict(pool.stats), pool._workers[0]
+        first = asyncio.create_task(sb.run_python("while True: pass", wall_s=60, cpu_s=60))
+        await asyncio.sleep(0.3)
+        busy = jail_pids(victim)
+        assert len(busy) >= 5, busy  # launcher, bwrap twice, zygote, the spinning child
         first.cancel()
         start = time.monotonic()
         r = await sb.run_python("print('second')")
         waited = time.monotonic() - start
-    assert first.cancelled()
-    assert (r.status, r.stdout) == ("ok", "second\n"), r
-    assert waited >= 0.2, f"the second call ran after {waited:.2f} s, while the cancelled one still held the worker"
-    assert pool.stats["executions"] - before["executions"] == 2 and pool.stats["respawns"] == before["respawns"]
+        assert first.cancelled()
+        assert (r.status, r.stdout) == ("ok", "second\n"), r
+        assert waited < 5, f"the second call waited {waited:.2f} s for the abandoned one"
+        assert still_there(busy) == set()
+        assert pool._workers[0] is not victim
+        assert pool.stats["abandoned"] - before["abandoned"] == 1
+        assert pool.stats["respawns"] - before["respawns"] == 1
+
+        assert (await repl.run_python("x = 1")).ok
+        victim = repl._session.worker
+        cell = asyncio.create_task(repl.run_python("import time; time.sleep(60)", wall_s=60))
+        await asyncio.sleep(0.3)
+        busy = jail_pids(victim)
+        cell.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cell
+        assert still_there(busy) == set()
+        r = await repl.run_python("print(globals().get('x'))")
+        assert (r.status, r.stdout) == ("ok", "None\n"), r
 
 
 def test_idle_slots_hand_over_to_threads_and_coroutines_and_survive_cancellation():
