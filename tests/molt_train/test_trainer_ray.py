@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 
 import pytest
 import torch
 
-from molt_envs import Trajectory
+import sandboxes
+from molt_envs import SamplingParams, Trajectory
 from molt_train.config import parse
 from molt_train.experience import make_experience
 
@@ -446,6 +448,86 @@ async def test_timeouts_and_raising_runners_are_dropped_by_reason(sft_run):
     batch = await worker.generate_step(0, {"temperature": 1.0, "max_tokens": 4}, n_samples=2, seed=0)
     assert batch["dropped"] == {"timeout": 2, "runner_RuntimeError": 2}
     assert len(batch["trajectories"]) == 2 and batch["end"] - batch["start"] < 10
+
+
+def jail_processes() -> dict[int, list[str]]:
+    """The processes of this test process's local jails (their per-slot uids), with the cgroup dirs of each."""
+    from sandboxes import local
+
+    first, found = local.slot_uid(0), {}
+    for pid in (p for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            if first <= os.stat(f"/proc/{pid}").st_uid < first + local.SLOTS_PER_PROCESS:
+                with open(f"/proc/{pid}/cgroup") as handle:  # "id:controllers:/path" (v2: no controllers)
+                    fields = [line.strip().split(":", 2) for line in handle if "sandboxes-" in line]
+                found[int(pid)] = [os.path.join("/sys/fs/cgroup", f[1].split(",")[0], f[2].lstrip("/")) for f in fields]
+        except OSError:
+            continue
+    return found
+
+
+@pytest.mark.skipif(bool(sandboxes.probe(docker=False).local_missing), reason="local isolation unavailable")
+async def test_an_episode_past_its_deadline_releases_its_jail_and_session_slot(tiny_tokenizer):
+    """``--rollout.timeout_s`` is the one deadline of an episode. A tool call spinning forever in its persistent
+    sandbox session is cut there: the episode is dropped as "timeout" and everything it held is released: no process
+    of its jail is left, its cgroups are gone, its session slot is free. An episode that swallows the cancellation
+    and returns anyway is still dropped."""
+    import asyncio
+
+    import env_registry
+    from molt_envs import Generation
+    from molt_train.models.multimodal import placeholder_ids
+    from molt_train.rollout import RolloutWorker
+    from sandboxes import api, cgroups
+
+    spin = '<tool_call>\n{"name": "python_executor", "arguments": {"code": "while True: pass"}}\n</tool_call>'
+
+    class SpinningModel:  # every turn calls the tool with a snippet that never ends
+        async def generate(self, prompt_ids, params, images=None):
+            ids = tiny_tokenizer.encode(spin, add_special_tokens=False) + [tiny_tokenizer.eos_token_id]
+            return Generation(ids, [-0.1] * len(ids), "stop")
+
+    class StubbornRunner:  # ignores its cancellation and returns
+        async def run_row(self, *args):
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                return Trajectory(prompt="p", label="l")
+
+    worker = RolloutWorker.__new__(RolloutWorker)  # the episode path alone: no model is loaded
+    worker.runners = {
+        "tool": env_registry.runner_for("molt/python-tool-v1", provider="local", persistent=True, wall_s=60.0),
+        "stubborn": StubbornRunner(),
+    }
+    worker.runner, worker.tokenizer, worker.engine = None, tiny_tokenizer, SpinningModel()
+    worker.max_len, worker.timeout_s, worker.placeholders = 1024, 2.0, placeholder_ids(tiny_tokenizer)
+    worker.top_logprobs, worker.record_routing = 0, False
+    row = {"prompt": [{"role": "user", "content": "What is 2 * 3?"}], "label": "6", "env": "tool"}
+    before, seen = set(jail_processes()), {}
+
+    async def watch() -> None:
+        while True:
+            seen.update({pid: dirs for pid, dirs in jail_processes().items() if pid not in before})
+            await asyncio.sleep(0.1)
+
+    watcher = asyncio.create_task(watch())
+    start = asyncio.get_running_loop().time()
+    try:
+        assert await worker._episode(row, SamplingParams(max_tokens=64), "0:tool:0") == ([], "timeout")
+    finally:
+        watcher.cancel()
+    assert asyncio.get_running_loop().time() - start < 2.0 + 1.5  # its cleanup kills the jail, no grace period
+    assert len(seen) >= 5, seen  # the session's jail ran: launcher, bwrap twice, zygote, the spinning REPL
+    assert not [pid for pid in seen if os.path.exists(f"/proc/{pid}")], "a process of the episode's jail is left"
+    jail_cgroups = {d for dirs in seen.values() for d in dirs if "/slot" in d}
+    assert jail_cgroups or cgroups.version() is None
+    assert not [d for d in jail_cgroups if os.path.isdir(d)], "a cgroup of the episode's jail is left"
+    pool = next(b.pool for k, b in api._backends.items() if k == ("local", False, ()))
+    assert pool.sessions_in_use == 0 and pool.session_waiters == 0
+
+    worker.timeout_s = 0.3
+    stubborn = {"prompt": "p", "label": "l", "env": "stubborn"}
+    assert await worker._episode(stubborn, SamplingParams(max_tokens=4), "0:stubborn:0") == ([], "timeout")
 
 
 def test_one_rl_step_through_the_registered_chat_agent(sft_run, tmp_path):
