@@ -2,15 +2,23 @@
 
 Each WebSocket is one episode with a fresh instance, made at its first message (a game's: one session, driven call
 by call); the instance's own failures go back as ``EXECUTION_ERROR`` answers (the client records them as the
-episode's failure), and its ``close`` runs however the episode ends (a ``close`` message, or the client vanishing).
-A malformed message (a binary frame too) gets an error answer and leaves the episode open. The server knows nothing
-of the registry: ``ServedEnv`` hands it a factory, the spec JSON and its hash, and the dataset rows.
+episode's failure), and its ``close`` runs however the episode ends (a ``close`` message, or the client vanishing:
+then the call in flight, if any, is cancelled first). A malformed message (a binary frame too) gets an error answer
+and leaves the episode open. The server knows nothing of the registry: ``ServedEnv`` hands it a factory, the spec
+JSON and its hash, and the dataset rows.
+
+The envs' code (the factory, ``reset``/``step``/``run``/``close``, game calls) runs on an event loop of its own, in
+one thread (``EnvLoop``), never on uvicorn's: the server keeps answering WebSocket pings and ``/health`` while an
+env step runs, even one that blocks its loop for a while, so a client's keepalive (``molt_envs.remote.client``)
+tells a slow env from a dead server. ``/health`` answers once the env loop has run (``env_loop_lag_s`` says how
+long that took): a server whose env loop is wedged stops answering it, and is restarted as hung.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import logging
@@ -18,7 +26,8 @@ import random
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterable, Iterator
+import time
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +73,67 @@ class ServedEnv:
     splits: list[str] = field(default_factory=list)
 
 
+class EnvLoop:
+    """The event loop the served envs' code runs on, in a daemon thread of its own (started at first use): one loop
+    for every episode of the server, as when the envs ran on the server's loop (loop-bound objects an env shares
+    between its instances keep working, and game calls still run one at a time), but not the loop that answers the
+    WebSockets' pings and ``/health``."""
+
+    def __init__(self) -> None:
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+
+    def loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                factory = _loop_factory() or asyncio.new_event_loop
+                self._loop = factory()
+                threading.Thread(target=self._loop.run_forever, daemon=True, name="molt-env-envs").start()
+            return self._loop
+
+    def run(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Future:
+        """``coro`` run as a task of the env loop; the returned future (of the calling loop) resolves as it does.
+        (Two ``call_soon_threadsafe`` hops and no ``concurrent.futures.Future``: this runs once per message.)"""
+        caller = asyncio.get_running_loop()
+        answer = caller.create_future()
+        self.loop().call_soon_threadsafe(_start, coro, answer, caller)
+        return answer
+
+    async def lag_s(self) -> float:
+        """How long a no-op scheduled on the env loop took to run (waits as long as it takes)."""
+        start = time.monotonic()
+        await self.run(asyncio.sleep(0))
+        return time.monotonic() - start
+
+
+def _start(coro: Coroutine[Any, Any, Any], answer: asyncio.Future, caller: asyncio.AbstractEventLoop) -> None:
+    asyncio.get_running_loop().create_task(coro).add_done_callback(functools.partial(_deliver, answer, caller))
+
+
+def _deliver(answer: asyncio.Future, caller: asyncio.AbstractEventLoop, task: asyncio.Task) -> None:
+    with contextlib.suppress(RuntimeError):  # the server's loop is closed: nobody waits for it
+        caller.call_soon_threadsafe(_settle, answer, task)
+
+
+def _settle(answer: asyncio.Future, task: asyncio.Task) -> None:
+    if answer.done():
+        return
+    if task.cancelled():
+        answer.cancel()
+    elif (exc := task.exception()) is not None:
+        answer.set_exception(exc)
+    else:
+        answer.set_result(task.result())
+
+
+def _on_disconnect(call: asyncio.Future, incoming: asyncio.Future) -> None:
+    """The client's next message arrived while ``call`` runs: if it is the disconnect, stop waiting for ``call``."""
+    if call.done() or incoming.cancelled() or incoming.exception() is not None:
+        return
+    if incoming.result()["type"] == "websocket.disconnect":
+        call.set_result(None)
+
+
 class _Refused(Exception):
     """A message the episode cannot take (answered with ``code``, the episode stays open)."""
 
@@ -78,17 +148,20 @@ def create_app(envs: list[ServedEnv], max_episodes: int | None = None) -> FastAP
     if max_episodes is not None and max_episodes < 1:
         raise ValueError(f"max_episodes must be >= 1 or None, got {max_episodes}")
     app = FastAPI(title="molt env server", description=f"Serves {', '.join(e.env_id for e in envs)} over {PROTOCOL}.")
+    env_loop = EnvLoop()
+    app.state.env_loop = env_loop
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
-        return {"status": "healthy", "protocol": PROTOCOL, "envs": [e.env_id for e in envs]}
+        lag = await env_loop.lag_s()  # a wedged env loop: no answer (the prober's timeout calls it hung)
+        return {"status": "healthy", "protocol": PROTOCOL, "envs": [e.env_id for e in envs], "env_loop_lag_s": lag}
 
     for served in envs:
-        _add_env_routes(app, served, max_episodes)
+        _add_env_routes(app, served, max_episodes, env_loop)
     return app
 
 
-def _add_env_routes(app: FastAPI, served: ServedEnv, max_episodes: int | None) -> None:
+def _add_env_routes(app: FastAPI, served: ServedEnv, max_episodes: int | None, env_loop: EnvLoop) -> None:
     prefix = f"/{served.env_id}"
     slots = asyncio.Semaphore(max_episodes) if max_episodes else contextlib.nullcontext()
     metadata = {
@@ -123,7 +196,7 @@ def _add_env_routes(app: FastAPI, served: ServedEnv, max_episodes: int | None) -
             await ws.close(code=1008)
             return
         async with slots:
-            await _run_episode(ws, served)
+            await _run_episode(ws, served, env_loop)
 
 
 def _row_lines(served: ServedEnv, split: str, limit: int | None) -> Iterator[str]:
@@ -140,13 +213,18 @@ def _row_lines(served: ServedEnv, split: str, limit: int | None) -> Iterator[str
     yield json.dumps({"end": count}) + "\n"
 
 
-async def _run_episode(ws: WebSocket, served: ServedEnv) -> None:
-    instance: Any = None  # an Env, a ChatAgent, or a game
+async def _run_episode(ws: WebSocket, served: ServedEnv, env_loop: EnvLoop) -> None:
+    """Answer the episode's messages in order, each computed on the env loop, while listening for the next one: a
+    client that vanishes mid-call gets its call cancelled and its instance closed at once."""
+    session = _Session(served)
+    incoming = asyncio.ensure_future(ws.receive())
+    closed = False
     try:
         while True:
-            received = await ws.receive()
+            received = await incoming
             if received["type"] == "websocket.disconnect":
-                raise WebSocketDisconnect(received.get("code", 1000))
+                return
+            incoming = asyncio.ensure_future(ws.receive())
             raw = received["text"] if received.get("text") is not None else received.get("bytes") or b""
             try:
                 message = CLIENT_MESSAGE.validate_json(raw)
@@ -155,30 +233,67 @@ async def _run_episode(ws: WebSocket, served: ServedEnv) -> None:
                 await ws.send_text(dumps(error_message(code, f"message refused: {_summary(exc)}")))
                 continue
             if message.type == "close":
-                closing, instance = instance, None
-                await ws.send_text(dumps(await _close(closing)))
-                break
-            if instance is None:
-                try:
-                    instance = served.factory()
-                except Exception as exc:
-                    await ws.send_text(dumps(error_message(FACTORY_ERROR, _describe(exc), type(exc).__name__)))
-                    continue
-            try:
-                answer = await _handle(instance, served, message)
-                text = dumps(answer)
-            except _Refused as exc:
-                text = dumps(error_message(exc.code, str(exc)))
-            except Exception as exc:  # the env's own failure: the client records it as the episode's
-                text = dumps(error_message(EXECUTION_ERROR, _describe(exc), type(exc).__name__))
-            await ws.send_text(text)
+                closed = True
+                await ws.send_text(dumps(await env_loop.run(session.close())))
+                return
+            call = env_loop.run(session.answer(message))
+            watch = functools.partial(_on_disconnect, call)
+            incoming.add_done_callback(watch)
+            text = await call
+            incoming.remove_done_callback(watch)
+            if text is None:
+                return  # abandoned mid-call: the finally below cancels it
+            await ws.send_text(text)  # (a message sent before this answer waits its turn)
     except WebSocketDisconnect:
         pass
     finally:
-        if instance is not None:  # the client went away mid-episode: release what the episode holds
-            answer = await _close(instance)
+        incoming.cancel()
+        if not closed:
+            await asyncio.shield(env_loop.run(session.abandon()))
+
+
+class _Session:
+    """An episode's instance and the call it is running, on the env loop (every method runs there)."""
+
+    def __init__(self, served: ServedEnv) -> None:
+        self.served = served
+        self.instance: Any = None  # an Env, a ChatAgent, or a game
+        self.task: asyncio.Task | None = None  # the call in flight
+
+    async def answer(self, message: Any) -> str:
+        """The answer to one message (not ``close``), as JSON text."""
+        self.task = asyncio.current_task()
+        try:
+            if self.instance is None:
+                try:
+                    self.instance = self.served.factory()
+                except Exception as exc:
+                    return dumps(error_message(FACTORY_ERROR, _describe(exc), type(exc).__name__))
+            try:
+                return dumps(await _handle(self.instance, self.served, message))
+            except _Refused as exc:
+                return dumps(error_message(exc.code, str(exc)))
+            except Exception as exc:  # the env's own failure: the client records it as the episode's
+                return dumps(error_message(EXECUTION_ERROR, _describe(exc), type(exc).__name__))
+        finally:
+            self.task = None
+
+    async def close(self) -> dict[str, Any]:
+        """The ``close`` message: close the instance; the answer carries its failure."""
+        closing, self.instance = self.instance, None
+        return await _close(closing)
+
+    async def abandon(self) -> None:
+        """The client went away (or the episode ended): cancel the call in flight, close what the episode holds."""
+        task = self.task
+        if task is not None and not task.done():
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        if self.instance is not None:
+            answer = await self.close()
             if answer["type"] == "error":
-                log.warning("closing an abandoned episode of %s: %s", served.env_id, answer["data"]["message"])
+                log.warning("closing an abandoned episode of %s: %s", self.served.env_id, answer["data"]["message"])
 
 
 async def _handle(instance: Any, served: ServedEnv, message: Any) -> dict[str, Any]:
@@ -212,7 +327,7 @@ async def _handle(instance: Any, served: ServedEnv, message: Any) -> dict[str, A
 
 def _game_call(game: Any, message: Any) -> dict[str, Any]:
     """One call of a ``molt_envs.seats.Game`` (duck-typed: this module imports nothing of ``seats``). Game methods
-    are synchronous and run here, on the server's loop, one at a time: a game may swap process-wide state around its
+    are synchronous and run here, on the env loop, one at a time: a game may swap process-wide state around its
     calls (TextArena's module-level ``random``), which threads would interleave."""
     data, kind = message.data, message.type
     if kind == "game":
