@@ -4,6 +4,8 @@
 ``RemoteEnvSpec``. Every failure to reach a server is an ``EnvServerUnavailable`` naming the URL and what to do.
 
 URL options (query string): ``timeout_s`` bounds each reset/step answer (default ``$MOLT_ENV_TIMEOUT_S`` or 300).
+The server's ``max_episodes`` (``serve-env --max-episodes N``) bounds the episodes this process opens there at once:
+the others wait for a slot (``molt_envs.remote.client.EpisodeSlots``).
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ def _connect(url: str) -> RemoteEnvSpec:
             f"{url} pins package version {env_id.pin}, but the server runs {spec_data.get('package')} "
             f"{spec_data.get('package_version')}; drop the pin or serve that version"
         )
-    endpoint = Endpoint(base, env_id.unpinned, timeout_s=timeout_s)
+    endpoint = Endpoint(base, env_id.unpinned, timeout_s=timeout_s, capacity=metadata.max_episodes)
     return _spec_of(metadata, f"the env server at {base}", lambda: endpoint, url)
 
 
