@@ -16,6 +16,7 @@ import contextlib
 import logging
 import os
 import re
+import signal
 import subprocess
 import tempfile
 import threading
@@ -150,21 +151,27 @@ class ManagedServer:
             return False
 
     def restart(self) -> str:
-        """Stop it without grace (it is dead or hung) and start it again; returns the new base URL."""
+        """Kill it (it is dead or hung) and start it again; returns the new base URL."""
         self.stop(graceful=False)
         self.restarts += 1
         log.warning("restarting the env server of %s (restart %d)", self.where, self.restarts)
         return self.start()
 
     def stop(self, graceful: bool = True) -> None:
-        """Close its stdin (it exits by itself), then terminate, then kill (a hung one: terminate, then kill)."""
+        """Close its stdin (it exits by itself), then terminate, then kill. Not ``graceful`` (it is hung, or stopped
+        by ``SIGSTOP``, which no ``SIGTERM`` would get past): ``SIGKILL`` to its process group at once (the server
+        and what it started that stayed in its session)."""
         process, self.process = self.process, None
         if process is None or process.poll() is not None:
             return
-        steps = (
-            (process.stdin.close, process.terminate, process.kill) if graceful else (process.terminate, process.kill)
-        )
-        for step in steps:
+        if not graceful:
+            with contextlib.suppress(OSError):
+                os.killpg(process.pid, signal.SIGKILL)  # its own group: started with start_new_session
+            with contextlib.suppress(OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait(timeout=5)
+            return
+        for step in (process.stdin.close, process.terminate, process.kill):
             try:
                 step()
                 process.wait(timeout=5 if graceful else 2)
@@ -182,16 +189,18 @@ class ManagedServer:
 
 
 class ManagedEndpoint(Endpoint):
-    """The endpoint of a ``ManagedServer``: after a wire failure the server is probed and, if it is dead or hung,
-    restarted (once per failure wave: failures of connections opened before the restart are ignored); episodes
-    that start meanwhile wait for it.
+    """The endpoint of a ``ManagedServer``: after a wire failure the server is probed and, if it is dead or hung
+    (``/health`` unanswered within ``PROBE_TIMEOUT_S``: a stopped process, a wedged event loop), killed and
+    restarted (once per failure wave: failures of connections opened before the restart are ignored). That runs in
+    a thread of its own: the episodes that failed end at once, and episodes that start meanwhile wait for it
+    (``ws_url``). The server's ``max_episodes`` (its metadata's, if it has any) bounds the episodes open at once.
 
     ``server`` is a ``ManagedServer``, or anything with its ``base_url``, ``env_id``, ``where`` and ``restarts``
     and its ``healthy()`` and ``restart()`` (the trainer's env servers, owned by Ray actors, are driven so).
     """
 
     def __init__(self, server: ManagedServer, timeout_s: float = TIMEOUT_S) -> None:
-        super().__init__(server.base_url, server.env_id, timeout_s=timeout_s)
+        super().__init__(server.base_url, server.env_id, timeout_s=timeout_s, capacity=_capacity(server))
         self.server = server
         self._lock = threading.Lock()
         self._settled = threading.Event()
@@ -199,27 +208,46 @@ class ManagedEndpoint(Endpoint):
 
     async def ws_url(self) -> str:
         if not self._settled.is_set():
-            await asyncio.to_thread(self._settled.wait, START_TIMEOUT_S)
+            await asyncio.to_thread(self._settled.wait, START_TIMEOUT_S + PROBE_TIMEOUT_S)
         return await super().ws_url()
 
-    async def recover(self, generation: int) -> None:
-        await asyncio.to_thread(self._recover, generation)
+    def settled(self, timeout_s: float | None = None) -> bool:
+        """Wait until no probe or restart is in progress (at most ``timeout_s``); True if none is."""
+        return self._settled.wait(timeout_s)
 
-    def _recover(self, generation: int) -> None:
+    async def recover(self, generation: int, wait: bool = True) -> None:
         with self._lock:
-            if generation != self.generation or self.server.healthy():
+            begin = generation == self.generation and self._settled.is_set()
+            if begin:
+                self._settled.clear()  # from now on, new episodes wait for the outcome
+        if begin:
+            threading.Thread(target=self._recover, daemon=True, name="env-server-recover").start()
+        if wait:
+            await asyncio.to_thread(self._settled.wait, START_TIMEOUT_S + PROBE_TIMEOUT_S)
+
+    def _recover(self) -> None:
+        try:
+            if self.server.healthy():
                 return
             if self.server.restarts >= MAX_RESTARTS:
                 log.error("the env server of %s was restarted %d times; not again", self.server.where, MAX_RESTARTS)
                 return
-            self._settled.clear()
             try:
                 self.base_url = self.server.restart()
+                self.slots.resize(_capacity(self.server))
             except Error as exc:  # its episodes fail to connect, and each tries again
                 log.error("%s", exc)
             finally:
                 self.generation += 1
-                self._settled.set()
+        except Exception:  # (a probe that raised: the next failure probes again)
+            log.exception("recovering the env server of %s", self.server.where)
+        finally:
+            self._settled.set()
+
+
+def _capacity(server: Any) -> int | None:
+    """The server's ``max_episodes``, where its metadata says (a ``ManagedServer``'s, once started)."""
+    return getattr(getattr(server, "metadata", None), "max_episodes", None)
 
 
 _ENDPOINTS: dict[tuple[str, str], ManagedEndpoint] = {}
