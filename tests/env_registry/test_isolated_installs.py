@@ -51,7 +51,7 @@ class SixEnv(Env):
         if action.startswith("DIE"):
             os._exit(3)
         if action.startswith("HANG"):
-            time.sleep(60)  # blocks the server's event loop: a hung server
+            time.sleep(60)  # blocks the server's env loop: a hung server (its pings still answered)
         graded = await ArithEnv().step(state)
         return Result(reward=graded.reward, info={**graded.info, "six_minor": float(six.__version__.split(".")[1])})
 '''
@@ -174,7 +174,7 @@ def test_a_server_that_dies_mid_episode_is_counted_and_restarted(cache):
     pid = endpoint.server.process.pid
     died = episode(OLD, "DIE")
     assert died.failure.startswith("remote_lost: ServerLost:"), died.failure
-    assert endpoint.server.process.pid != pid  # restarted
+    assert endpoint.settled(60) and endpoint.server.process.pid != pid  # restarted (behind the failed episode)
     assert episode(OLD, "3").reward == 1.0  # and the next episode runs
 
 
@@ -187,6 +187,7 @@ def test_a_hung_server_times_out_and_is_restarted(cache):
     finally:
         endpoint.timeout_s = 300.0
     assert hung.failure.startswith("remote_timeout: ServerTimeout:"), hung.failure
+    assert endpoint.settled(60)  # its /health waits for the env loop: unanswered, so it is killed and restarted
     assert endpoint.server.restarts == restarts + 1 and endpoint.server.process.pid != pid
     assert episode(NEW, "3").info["six_minor"] == 17.0
 
