@@ -59,6 +59,15 @@ class _SandboxActor:
     def session_call(self, sid: int, header: dict, payload: dict | None, limits: Limits) -> Result | dict:
         return self.sessions[sid].call_blocking(header, payload, limits)
 
+    def abandon_session_call(self, sid: int) -> None:
+        """Kill the worker of a session whose caller gave up on its call (cancelled): the call on the other thread
+        ends at once (infra_error, the state lost) and the session's next call starts a fresh worker."""
+        session = self.sessions.get(sid)
+        worker = session.worker if session is not None else None
+        if worker is not None:
+            self.pool.stats["abandoned"] += 1
+            worker.kill()
+
     def close_session(self, sid: int) -> None:
         session = self.sessions.pop(sid, None)
         if session is not None:  # its slot goes back even when its worker died (it has none then)
@@ -203,6 +212,9 @@ class RaySession:
             if isinstance(reply, Result):
                 reply.provider = self.backend.name
             return reply
+        except asyncio.CancelledError:  # the caller gave up: kill the call's worker rather than let it run on
+            self.actor.abandon_session_call.remote(self.sid)
+            raise
         except self.backend._ray.exceptions.RayError as exc:
             self.backend._replace_if_dead(self.index, self.actor, exc)
             return Result.infra(f"ray actor {self.index} failed: {exc}", self.backend.name, 1)

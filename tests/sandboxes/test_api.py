@@ -499,6 +499,15 @@ async def test_persistent_session_on_every_provider(provider):
         assert (r.status, r.stdout, r.provider) == ("ok", "6\n", provider), r
         await sb.upload("f.txt", "x")
         assert (await sb.exec(["cat", "f.txt"])).stdout == "x"
+        cell = asyncio.create_task(sb.run_python("import time; time.sleep(60)", wall_s=60))
+        await asyncio.sleep(0.5)
+        cell.cancel()  # an abandoned call's worker is killed: the next call runs at once, on a fresh REPL
+        start = time.monotonic()
+        r = await sb.run_python("print(globals().get('state'))")
+        if r.status == "infra_error":  # ray: the call on the actor's thread ended with the kill, after our cancel
+            r = await sb.run_python("print(globals().get('state'))")
+        assert (r.status, r.stdout) == ("ok", "None\n"), r
+        assert time.monotonic() - start < 20
 
 
 @needs_local
