@@ -21,6 +21,7 @@ its slot handed on, to a fresh worker started lazily; a session's next call gets
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections import deque
@@ -390,7 +391,8 @@ class WorkerPool:
                     worker.close()
             dying = list(self._dying.values())
         for done in dying:
-            done.result(timeout=30)
+            with contextlib.suppress(TimeoutError):
+                done.result(timeout=30)
         self.executor.shutdown(wait=False, cancel_futures=True)
 
 
@@ -505,9 +507,14 @@ class PoolSession:
                 return
             self._closed = True
             worker, self.worker = self.worker, None
-        for done in self._dying:
-            done.result(timeout=30)
+        self._await_dying(list(self._dying))
         self.pool.release(self.slot, worker)
+
+    @staticmethod
+    def _await_dying(dying: list[Future]) -> None:
+        for done in dying:
+            with contextlib.suppress(TimeoutError):
+                done.result(timeout=30)
 
     async def close(self) -> None:
         """End the session: its worker closed (any abandoned one gone), its slot given to the next in line. Runs
@@ -520,8 +527,7 @@ class PoolSession:
             dying = list(self._dying)
 
             def finish() -> None:
-                for done in dying:
-                    done.result(timeout=30)
+                self._await_dying(dying)
                 self.pool.release(self.slot, worker)
 
             await asyncio.get_running_loop().run_in_executor(None, finish)
