@@ -106,24 +106,25 @@ async def episode(endpoint: ManagedEndpoint, label: str, action: str = "ok") -> 
         await env.close()
 
 
-async def lose_mid_step(endpoint: ManagedEndpoint, label: str, signum: int) -> float:
-    """Start a step that sleeps in the server, send ``signum`` to the server; seconds until ``ServerLost``."""
+async def lose_mid_step(endpoint: ManagedEndpoint, label: str, signum: int) -> tuple[float, str]:
+    """Start a step that sleeps in the server, send ``signum`` to the server; seconds until ``ServerLost``, its
+    message."""
     env = RemoteEnv(endpoint)
     await env.reset({"observation": "go", "label": label, "images": []})
     step = asyncio.ensure_future(env.step(step_state("sleep 60")))
     await asyncio.sleep(0.3)
     os.kill(endpoint.server.process.pid, signum)
     start = time.monotonic()
-    with pytest.raises(ServerLost, match="during 'step'"):
+    with pytest.raises(ServerLost, match="during 'step'") as lost:
         await step
     lost_after = time.monotonic() - start
     await env.close()
-    return lost_after
+    return lost_after, str(lost.value)
 
 
 def test_a_killed_server_fails_its_episode_at_once_and_the_next_runs_on_a_restarted_one(endpoint):
     process, restarts = endpoint.server.process, endpoint.server.restarts
-    lost_after = asyncio.run(lose_mid_step(endpoint, "killed", signal.SIGKILL))
+    lost_after, _ = asyncio.run(lose_mid_step(endpoint, "killed", signal.SIGKILL))
     assert lost_after < 3, lost_after
     assert asyncio.run(episode(endpoint, "after-kill")) == 1.0  # waits for the restart, then runs there
     assert endpoint.server.restarts == restarts + 1 and endpoint.server.process.pid != process.pid
@@ -133,8 +134,8 @@ def test_a_stopped_server_is_found_by_the_keepalive_then_killed_and_replaced(end
     """``SIGSTOP`` and never resumed: the kernel still holds the connection open, only the pings (the defaults:
     every 2 s, 4 s for the pong) see that nobody answers; the probe finds it hung, kills it and starts another."""
     process, restarts = endpoint.server.process, endpoint.server.restarts
-    lost_after = asyncio.run(lose_mid_step(endpoint, "stopped", signal.SIGSTOP))
-    assert lost_after <= 10, lost_after
+    lost_after, why = asyncio.run(lose_mid_step(endpoint, "stopped", signal.SIGSTOP))
+    assert lost_after <= 10 and "keepalive ping timeout" in why, (lost_after, why)
     assert endpoint.settled(60)
     assert process.returncode == -signal.SIGKILL  # not left stopped
     assert endpoint.server.restarts == restarts + 1
