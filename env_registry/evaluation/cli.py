@@ -12,12 +12,16 @@ from __future__ import annotations
 import argparse
 import asyncio
 import atexit
+import contextlib
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 from env_registry.errors import Error
@@ -68,7 +72,9 @@ def add_parser(sub: Any) -> None:
     )
     run.add_argument("--quiet", action="store_true", help="no progress lines")
     pub = p.add_argument_group("publishing")
-    pub.add_argument("--publish-results", action="store_true", help="upload summary.json to a registry server")
+    pub.add_argument(
+        "--publish-results", action="store_true", help="upload summary.json (with --out, its episodes) to a registry"
+    )
     pub.add_argument("--registry", help="registry server URL (default: $MOLT_REGISTRY)")
     pub.add_argument("--token", default=os.environ.get("MOLT_TOKEN"), help="registry token (default: $MOLT_TOKEN)")
     p.set_defaults(fn=cmd_eval)
@@ -218,8 +224,32 @@ def _publish(args: argparse.Namespace, summary: dict[str, Any]) -> None:
                 f"{one['env_id']} is registered at run time, not by a package: a registry stores eval results per "
                 "package release, so there is nothing to publish them to"
             )
-        client.publish_eval(one["package"], one["package_version"], one)
+        record = client.publish_eval(one["package"], one["package_version"], one)
         print(f"published the eval of {one['env_id']} to {client.url} ({one['package']} {one['package_version']})")
+        samples = os.path.join(args.out, "samples.jsonl") if args.out else None
+        if samples and os.path.isfile(samples):
+            with _env_samples(samples, one["env_id"], isinstance(summary["env_id"], str)) as path:
+                client.publish_eval_samples(one["package"], one["package_version"], record.id, path)
+            print(f"published its episodes: {client.url}/evals/{record.id}/")
+
+
+@contextlib.contextmanager
+def _env_samples(samples: str, env_id: str, alone: bool) -> Iterator[Path]:
+    """The eval's ``samples.jsonl`` as is when it evaluated one env; else a temporary file of ``env_id``'s lines."""
+    if alone:
+        yield Path(samples)
+        return
+    with tempfile.TemporaryDirectory(prefix="molt-eval-samples-") as tmp:
+        path = Path(tmp) / "samples.jsonl"
+        with open(samples, "rb") as src, path.open("wb") as out:
+            for line in src:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(record, dict) and record.get("env_id") == env_id:
+                    out.write(line if line.endswith(b"\n") else line + b"\n")
+        yield path
 
 
 def run_async(coro: Any) -> Any:

@@ -99,6 +99,7 @@ def create_app(
     Raises:
         DatabaseError: ``db`` is not a usable database URL.
     """
+    from env_registry.hub.eval_pages import check_samples, eval_router
     from env_registry.hub.pages import hub_router
 
     registry = LocalRegistry(root, label="this registry", db=db)
@@ -185,6 +186,27 @@ def create_app(
         summary = parse_summary(body, "the uploaded summary")
         return await run_in_threadpool(registry.publish_eval, package, version, summary, who)
 
+    @app.post(
+        "/api/packages/{package}/{version}/evals/{eval_id}/samples",
+        status_code=201,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {"schema": {}}}}},
+    )
+    async def publish_eval_samples(
+        package: str, version: str, eval_id: int, request: Request, who: Publisher
+    ) -> EvalRecord:
+        """Store the episodes (``samples.jsonl``, the lines of the eval's env) of an eval summary stored before, by
+        its uploader; the hub then shows them at ``/evals/<id>/``."""
+        staged = registry.staging / f"samples-{uuid.uuid4().hex}.jsonl"
+        try:
+            with staged.open("wb") as f:
+                async for chunk in request.stream():
+                    f.write(chunk)
+            record = await run_in_threadpool(registry.eval_record, eval_id)
+            await run_in_threadpool(check_samples, staged, record.env_id)
+            return await run_in_threadpool(registry.publish_eval_samples, package, version, eval_id, staged, who)
+        finally:
+            staged.unlink(missing_ok=True)
+
     @app.get("/api/packages/{package}/{version}/evals")
     def list_evals(package: str, version: str, _: Reader) -> list[EvalRecord]:
         return registry.evals(package, version)
@@ -222,6 +244,7 @@ def create_app(
         return FileResponse(path, media_type="application/octet-stream")
 
     app.include_router(hub_router())
+    app.include_router(eval_router())
     app.mount("/static", StaticFiles(directory=Path(__file__).with_name("static")), name="static")
     app.add_middleware(PageCache, registry=registry, private=private)
     app.add_middleware(UploadLimit, max_upload_bytes=max_upload_bytes)  # outermost: before any body is read

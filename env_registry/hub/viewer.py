@@ -29,7 +29,9 @@ import binascii
 import json
 import math
 import re
+import threading
 from array import array
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import urlencode
@@ -41,6 +43,7 @@ from fastapi.staticfiles import StaticFiles
 
 from env_registry.errors import Error
 from env_registry.hub.pages import render
+from env_registry.store.records import NotFound
 
 try:  # optional: 2x faster than json on the field scan of filtered pages; a dependency of none of ours
     from orjson import loads as _fast_loads
@@ -59,7 +62,7 @@ HEAD = re.compile(
 )
 
 
-class NoEpisode(Error, LookupError):
+class NoEpisode(NotFound):
     """An episode number or a page the run does not have (HTTP 404)."""
 
 
@@ -335,55 +338,177 @@ def turns(record: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def create_app(root: str | Path) -> FastAPI:
-    """The viewer's app over the eval directory ``root`` (indexed again when its files change)."""
-    root = Path(root).expanduser()
-    load(root)  # a missing samples.jsonl fails here, before the server starts
-    app = FastAPI(title="molt-env view", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.private, app.state.root, app.state.cached = False, root, (None, None)
-    app.mount("/static", StaticFiles(directory=Path(__file__).with_name("static")), name="static")
+class Runs:
+    """The ``Index`` and summary of eval directories, loaded again when a directory's files change; at most
+    ``keep`` directories are held (least recently used first out)."""
 
-    def run() -> tuple[Index, dict[str, Any]]:
-        stamps = []
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._held: OrderedDict[Path, tuple[list[Any], tuple[Index, dict[str, Any]]]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, root: Path) -> tuple[Index, dict[str, Any]]:
+        """The run in ``root`` (``load``), indexed again if ``samples.jsonl`` or ``summary.json`` changed."""
+        stamps: list[Any] = []
         for p in (root / SAMPLES, root / SUMMARY):
             try:
                 stat = p.stat()
                 stamps.append((stat.st_mtime_ns, stat.st_size, stat.st_ino))
             except OSError:
                 stamps.append(None)
-        if app.state.cached[0] != stamps:
-            app.state.cached = (stamps, load(root))
-        return app.state.cached[1]
+        with self._lock:
+            held = self._held.get(root)
+            if held is not None and held[0] == stamps:
+                self._held.move_to_end(root)
+                return held[1]
+        run = load(root)
+        with self._lock:
+            self._held[root] = (stamps, run)
+            self._held.move_to_end(root)
+            while len(self._held) > self.keep:
+                self._held.popitem(last=False)
+        return run
 
-    def shown(index: Index, summary: dict[str, Any], numbers: list[int]) -> list[tuple[int, dict[str, Any]]]:
-        """Episodes ``numbers`` as the index lists them: parsed now, a stub for a line that no longer parses."""
+
+def shown(index: Index, summary: dict[str, Any], numbers: list[int]) -> list[tuple[int, dict[str, Any]]]:
+    """Episodes ``numbers`` as the index lists them: parsed now, a stub for a line that no longer parses."""
+    per_env, default = thresholds(summary)
+    out = []
+    for i, r in zip(numbers, index.records(numbers), strict=True):
+        if r is None:
+            r = {"env_id": index.envs[i], "failure": {"reason": "unreadable", "detail": "not a JSON record"}}
+            r.update(dict.fromkeys(("prompt_id", "sample", "reward", "turns", "prompt_tokens", "completion_tokens")))
+        r["_passed"] = _passed(r.get("reward"), r.get("completed"), per_env.get(r["env_id"], default))
+        r["_preview"] = _preview(r.get("prompt"))
+        out.append((i, r))
+    return out
+
+
+def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+    """A viewer page: the hub's ``render`` with the viewer's stricter policy (images from ``data:`` URLs only).
+    ``context`` holds ``base`` (the path the run's pages hang from: "" for ``molt-env view``), ``root`` and
+    ``back`` (a link to where the run came from on the hub, or None)."""
+    response = render(request, name, status_code, **context)
+    response.headers["Content-Security-Policy"] = CSP
+    return response
+
+
+def index_page(
+    request: Request,
+    run: tuple[Index, dict[str, Any]],
+    filters: dict[str, str],
+    page_number: int,
+    **context: Any,
+) -> HTMLResponse:
+    """A page of a run's episodes: the unfiltered ones straight from the index; filtered ones by a scan of the
+    index's ``Fields`` (built by the first filtered page after the file changed: every line parsed once).
+
+    Args:
+        request: the request.
+        run: the run's ``Index`` and summary.
+        filters: ``env``, ``reward``, ``failure``, ``min_len`` and ``max_len`` as the query gave them ("" for none).
+        page_number: the page, from 1.
+        context: ``base``, ``root`` and ``back`` (see ``page``).
+
+    Raises:
+        Error: a filter that is not a number where one is needed, or a page below 1 (HTTP 400).
+        NoEpisode: a page past the last (HTTP 404).
+    """
+    index, summary = run
+    env, reward, failure = filters["env"], filters["reward"], filters["failure"]
+    low, high = _number(filters["min_len"], "min_len"), _number(filters["max_len"], "max_len")
+    if reward not in ("", "pass", "fail"):
+        _number(reward, "reward")
+    if page_number < 1:
+        raise Error(f"?page={page_number} is not a page: pages count from 1")
+    if env or reward or failure or low is not None or high is not None:
         per_env, default = thresholds(summary)
-        out = []
-        for i, r in zip(numbers, index.records(numbers), strict=True):
-            if r is None:
-                r = {"env_id": index.envs[i], "failure": {"reason": "unreadable", "detail": "not a JSON record"}}
-                r.update(
-                    dict.fromkeys(("prompt_id", "sample", "reward", "turns", "prompt_tokens", "completion_tokens"))
-                )
-            r["_passed"] = _passed(r.get("reward"), r.get("completed"), per_env.get(r["env_id"], default))
-            r["_preview"] = _preview(r.get("prompt"))
-            out.append((i, r))
-        return out
+        numbers = [
+            i
+            for i, (f, e) in enumerate(zip(index.fields(), index.envs, strict=True))
+            if matches(f, _passed(f.reward, f.completed, per_env.get(e, default)), e, env, reward, failure, low, high)
+        ]
+        matched = len(numbers)
+    else:
+        numbers, matched = None, len(index)
+    pages = max(1, math.ceil(matched / PAGE_SIZE))
+    if page_number > pages:
+        raise NoEpisode(f"?page={page_number}: these {matched} episodes fill {pages} page(s) of {PAGE_SIZE}")
+    first = (page_number - 1) * PAGE_SIZE
+    listed = list(range(first, min(first + PAGE_SIZE, matched))) if numbers is None else numbers[first:][:PAGE_SIZE]
+    query = {k: v for k, v in filters.items() if v}
 
-    def page(request: Request, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
-        response = render(request, name, status_code, root=str(root), **context)
-        response.headers["Content-Security-Policy"] = CSP
-        return response
+    def link(n: int) -> str:
+        return f"{context['base']}/?" + urlencode({**query, "page": n})
+
+    failures = summary.get("failures")
+    if isinstance(failures, dict):  # the eval wrote them: no scan
+        reasons = sorted(str(r) for r in failures)
+    else:  # a running eval: its episodes' reasons so far (a scan)
+        reasons = sorted({f.reason for f in index.fields() if f.reason})
+    pass_keys = sorted((k for k in summary if re.fullmatch(r"pass@\d+", k)), key=lambda k: int(k[5:]))
+    return page(
+        request,
+        "viewer_index.html",
+        summary=summary,
+        pass_keys=pass_keys,
+        env_ids=list(dict.fromkeys(index.envs)),
+        total=len(index),
+        bad=index.bad,
+        shown=shown(index, summary, listed),
+        matched=matched,
+        page=page_number,
+        pages=pages,
+        first=first,
+        prev_link=link(page_number - 1) if page_number > 1 else None,
+        next_link=link(page_number + 1) if page_number < pages else None,
+        filters=filters,
+        reasons=reasons,
+        **context,
+    )
+
+
+def episode_page(request: Request, run: tuple[Index, dict[str, Any]], i: int, **context: Any) -> HTMLResponse:
+    """Episode ``i`` of a run, turn by turn (``context``: ``base``, ``root``, ``back``, see ``page``).
+
+    Raises:
+        NoEpisode: the run has no episode ``i`` (HTTP 404).
+    """
+    index, summary = run
+    if not 0 <= i < len(index):
+        raise NoEpisode(f"this run has episodes 0 to {len(index) - 1}, not {i}")
+    _, r = shown(index, summary, [i])[0]
+    return page(
+        request,
+        "viewer_episode.html",
+        i=i,
+        r=r,
+        turns=turns(r),
+        count=len(index),
+        info=json.dumps(r.get("info"), indent=2, sort_keys=True, default=str),
+        label=r.get("label") if isinstance(r.get("label"), str) else json.dumps(r.get("label")),
+        **context,
+    )
+
+
+def create_app(root: str | Path) -> FastAPI:
+    """The viewer's app over the eval directory ``root`` (indexed again when its files change)."""
+    root = Path(root).expanduser()
+    load(root)  # a missing samples.jsonl fails here, before the server starts
+    app = FastAPI(title="molt-env view", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.private, app.state.root, app.state.runs = False, root, Runs(keep=1)
+    app.mount("/static", StaticFiles(directory=Path(__file__).with_name("static")), name="static")
+    where = {"base": "", "root": str(root), "back": None}
 
     @app.exception_handler(Error)
     async def refused(request: Request, exc: Error) -> HTMLResponse:
         code = 404 if isinstance(exc, NoEpisode) else 400
-        return page(request, "viewer_error.html", code, status=code, message=str(exc))
+        return page(request, "viewer_error.html", code, status=code, message=str(exc), **where)
 
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, exc: RequestValidationError) -> HTMLResponse:
         fields = ", ".join(".".join(str(p) for p in e["loc"]) for e in exc.errors())
-        return page(request, "viewer_error.html", 400, status=400, message=f"invalid parameter(s): {fields}")
+        return page(request, "viewer_error.html", 400, status=400, message=f"invalid parameter(s): {fields}", **where)
 
     @app.get("/", response_class=HTMLResponse)
     def index(
@@ -395,77 +520,11 @@ def create_app(root: str | Path) -> FastAPI:
         max_len: str = "",
         page_number: int = Query(1, alias="page"),
     ) -> HTMLResponse:
-        """A page of episodes: the unfiltered ones straight from the index; filtered ones by a scan of the index's
-        ``Fields`` (built by the first filtered page after the file changed: every line parsed once)."""
-        index, summary = run()
-        low, high = _number(min_len, "min_len"), _number(max_len, "max_len")
-        if reward not in ("", "pass", "fail"):
-            _number(reward, "reward")
-        if page_number < 1:
-            raise Error(f"?page={page_number} is not a page: pages count from 1")
-        if env or reward or failure or low is not None or high is not None:
-            per_env, default = thresholds(summary)
-            numbers = [
-                i
-                for i, (f, e) in enumerate(zip(index.fields(), index.envs, strict=True))
-                if matches(
-                    f, _passed(f.reward, f.completed, per_env.get(e, default)), e, env, reward, failure, low, high
-                )
-            ]
-            matched = len(numbers)
-        else:
-            numbers, matched = None, len(index)
-        pages = max(1, math.ceil(matched / PAGE_SIZE))
-        if page_number > pages:
-            raise NoEpisode(f"?page={page_number}: these {matched} episodes fill {pages} page(s) of {PAGE_SIZE}")
-        first = (page_number - 1) * PAGE_SIZE
-        listed = list(range(first, min(first + PAGE_SIZE, matched))) if numbers is None else numbers[first:][:PAGE_SIZE]
         filters = {"env": env, "reward": reward, "failure": failure, "min_len": min_len, "max_len": max_len}
-        query = {k: v for k, v in filters.items() if v}
-
-        def link(n: int) -> str:
-            return "/?" + urlencode({**query, "page": n})
-
-        failures = summary.get("failures")
-        if isinstance(failures, dict):  # the eval wrote them: no scan
-            reasons = sorted(str(r) for r in failures)
-        else:  # a running eval: its episodes' reasons so far (a scan)
-            reasons = sorted({f.reason for f in index.fields() if f.reason})
-        pass_keys = sorted((k for k in summary if re.fullmatch(r"pass@\d+", k)), key=lambda k: int(k[5:]))
-        return page(
-            request,
-            "viewer_index.html",
-            summary=summary,
-            pass_keys=pass_keys,
-            env_ids=list(dict.fromkeys(index.envs)),
-            total=len(index),
-            bad=index.bad,
-            shown=shown(index, summary, listed),
-            matched=matched,
-            page=page_number,
-            pages=pages,
-            first=first,
-            prev_link=link(page_number - 1) if page_number > 1 else None,
-            next_link=link(page_number + 1) if page_number < pages else None,
-            filters=filters,
-            reasons=reasons,
-        )
+        return index_page(request, app.state.runs.get(root), filters, page_number, **where)
 
     @app.get("/episodes/{i}", response_class=HTMLResponse)
     def episode(request: Request, i: int) -> HTMLResponse:
-        index, summary = run()
-        if not 0 <= i < len(index):
-            raise NoEpisode(f"this run has episodes 0 to {len(index) - 1}, not {i}")
-        _, r = shown(index, summary, [i])[0]
-        return page(
-            request,
-            "viewer_episode.html",
-            i=i,
-            r=r,
-            turns=turns(r),
-            count=len(index),
-            info=json.dumps(r.get("info"), indent=2, sort_keys=True, default=str),
-            label=r.get("label") if isinstance(r.get("label"), str) else json.dumps(r.get("label")),
-        )
+        return episode_page(request, app.state.runs.get(root), i, **where)
 
     return app

@@ -97,6 +97,27 @@ class RegistryClient:
         body = parse_summary(summary)
         return EvalRecord.model_validate(self._call("POST", f"/api/packages/{package}/{version}/evals", json=body))
 
+    def publish_eval_samples(self, package: str, version: str, eval_id: int, samples: Path) -> EvalRecord:
+        """Upload the episodes of an eval summary uploaded before (its ``samples.jsonl``, the lines of its env); the
+        hub shows them at ``/evals/<id>/``. Needs the token that uploaded the summary.
+
+        Raises:
+            Forbidden: no token, or not the summary's uploader.
+            NotFound: no such release or eval.
+            Conflict: the eval's episodes are stored already.
+            Error: the registry refused the file (too large, not sample records of the eval's env).
+        """
+        if not self.token:
+            raise Forbidden(f"uploading eval results to {self.url} needs a token: pass --token or set $MOLT_TOKEN")
+        with Path(samples).open("rb") as f:  # streamed, with its Content-Length (the server refuses chunked bodies)
+            body = self._call(
+                "POST",
+                f"/api/packages/{package}/{version}/evals/{eval_id}/samples",
+                content=f,
+                headers={"Content-Type": "application/x-ndjson"},
+            )
+        return EvalRecord.model_validate(body)
+
     def evals(self, package: str, version: str) -> list[EvalRecord]:
         """The eval summaries stored for one release, oldest first."""
         return [EvalRecord.model_validate(e) for e in self._call("GET", f"/api/packages/{package}/{version}/evals")]

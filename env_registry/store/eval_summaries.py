@@ -3,15 +3,24 @@
 A registry stores summaries per release (``POST /api/packages/<pkg>/<version>/evals``) and shows them on the env
 card, so a number on the hub can be traced to the env ID, package version, spec hash, split, model and seed that
 produced it. The keys below are required; ``pass@<k>`` keys (at least one, each a fraction, ``k <= n``) and any other
-JSON fields are kept as uploaded. ``EvalSummaries`` holds the registry's two calls on them (store and list).
+JSON fields are kept as uploaded. ``EvalSummaries`` holds the registry's calls on them (store, list, look up).
+
+An eval's episodes (its ``samples.jsonl``, the lines of its env) may follow the summary
+(``POST .../evals/<id>/samples``, by the summary's uploader): they are kept as files, ``<root>/evals/<id>/``
+``samples.jsonl`` next to the stored ``summary.json``, the directory layout ``molt-env view`` reads, so the hub
+serves them with the same viewer. Stored once; a second upload is a conflict.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import time
+import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -23,10 +32,11 @@ from env_registry.ids import parse_env_id
 from env_registry.packages import names
 from env_registry.store import database
 from env_registry.store.database import evals
-from env_registry.store.records import Conflict, EvalRecord, ReleaseInfo
+from env_registry.store.records import Conflict, EvalRecord, Forbidden, NotFound, ReleaseInfo
 
 MAX_SUMMARY_BYTES = 256 << 10
 PASS_AT_K = re.compile(r"pass@([1-9][0-9]{0,5})")
+EVALS_DIR, SAMPLES, SUMMARY = "evals", "samples.jsonl", "summary.json"  # <root>/evals/<id>/, as `molt-env eval --out`
 
 
 class InvalidSummary(Error, ValueError):
@@ -118,6 +128,8 @@ class EvalSummaries:
     """The eval-summary calls of ``LocalRegistry`` (which supplies ``engine`` and ``release``)."""
 
     engine: Engine
+    root: Path
+    staging: Path
     release: Callable[[str, str], ReleaseInfo]
 
     def publish_eval(
@@ -186,4 +198,68 @@ class EvalSummaries:
                 .where(evals.c.package == info.package, evals.c.version == info.version)
                 .order_by(evals.c.id)
             ).all()
-        return [EvalRecord(**{**r._asdict(), "summary": json.loads(r.summary)}) for r in rows]
+        return [self._record(r) for r in rows]
+
+    def eval_record(self, eval_id: int) -> EvalRecord:
+        """One stored eval summary by its id.
+
+        Raises:
+            NotFound: no eval has that id.
+        """
+        with database.read(self.engine) as db:
+            row = db.execute(sa.select(evals).where(evals.c.id == eval_id)).first()
+        if row is None:
+            raise NotFound(f"this registry has no eval {eval_id} (eval ids are on the env pages and in .../evals)")
+        return self._record(row)
+
+    def eval_dir(self, eval_id: int) -> Path:
+        """Where an eval's episodes are kept (``samples.jsonl`` and ``summary.json``; it may not exist)."""
+        return self.root / EVALS_DIR / str(int(eval_id))
+
+    def publish_eval_samples(
+        self, package: str, version: str, eval_id: int, samples: Path, publisher: str | None = None
+    ) -> EvalRecord:
+        """Keep the episodes of a stored eval: a copy of ``samples`` (its ``samples.jsonl``, the lines of the eval's
+        env) in ``eval_dir(eval_id)`` with the stored summary as ``summary.json``.
+
+        Args:
+            package: the package name of the eval's release.
+            version: its version.
+            eval_id: the stored summary's id (``publish_eval``'s answer).
+            samples: the file to copy.
+            publisher: the uploading token's publisher (it must be the summary's uploader); None for local use.
+
+        Returns:
+            The eval's record, ``samples`` now True.
+
+        Raises:
+            NotFound: no such release, or no eval ``eval_id`` of it.
+            Forbidden: another publisher uploaded the summary.
+            Conflict: the eval's episodes are stored already.
+        """
+        info = self.release(package, version)
+        record = self.eval_record(eval_id)
+        if (record.package, record.version) != (info.package, info.version):
+            raise NotFound(f"eval {eval_id} is of {record.package} {record.version}, not {info.package} {info.version}")
+        if publisher is not None and record.publisher is not None and publisher != record.publisher:
+            raise Forbidden(f"eval {eval_id} was uploaded by {record.publisher!r}: only they may add its episodes")
+        target = self.eval_dir(eval_id)
+        target.parent.mkdir(exist_ok=True)
+        staged = self.staging / f"eval-{eval_id}-{uuid.uuid4().hex}"
+        staged.mkdir()
+        try:
+            shutil.copyfile(samples, staged / SAMPLES)
+            (staged / SUMMARY).write_text(json.dumps(record.summary, sort_keys=True))
+            try:
+                os.rename(staged, target)  # atomic: a concurrent upload of the same eval finds it there
+            except OSError:
+                raise Conflict(f"the episodes of eval {eval_id} are stored already; they are immutable") from None
+        finally:
+            shutil.rmtree(staged, ignore_errors=True)
+        with database.write(self.engine, exclusive=False) as db:  # the content stamp: pages that link them change
+            db.execute(evals.update().where(evals.c.id == eval_id).values(uploaded=evals.c.uploaded))
+        return record.model_copy(update={"samples": True})
+
+    def _record(self, row: Any) -> EvalRecord:
+        stored = (self.eval_dir(row.id) / SAMPLES).is_file()
+        return EvalRecord(**{**row._asdict(), "summary": json.loads(row.summary)}, samples=stored)

@@ -83,3 +83,4 @@ class EvalRecord(BaseModel):
     publisher: str | None  # None: stored through a local directory registry
     uploaded: float
     summary: dict[str, Any]
+    samples: bool = False  # its episodes are stored (``molt-env eval --out DIR --publish-results``)

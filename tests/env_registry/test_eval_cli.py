@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import html
 import json
 import signal
 import subprocess
@@ -361,6 +362,18 @@ def test_publish_results_uploads_the_summary_per_release(endpoint, server, lette
     assert f"published the eval of {manifest.id}" in printed
     stored = httpx.get(f"{server.url}/api/packages/{source.name}/{source.version}/evals").json()
     assert stored and stored[-1]["summary"]["spec_hash"] == summary(out)["spec_hash"]
+    # its episodes too: on the hub, in the viewer's pages, linked from the env page's eval table
+    assert stored[-1]["samples"] and f"published its episodes: {server.url}/evals/{stored[-1]['id']}/" in printed
+    episodes = httpx.get(f"{server.url}/evals/{stored[-1]['id']}/")
+    assert episodes.status_code == 200 and f"{len(samples(out))} of {len(samples(out))} episodes" in episodes.text
+    first = httpx.get(f"{server.url}/evals/{stored[-1]['id']}/episodes/0").text
+    record = min(samples(out), key=lambda r: (r["prompt_id"], r["sample"]))
+    label = record["label"] if isinstance(record["label"], str) else json.dumps(record["label"])
+    assert f"prompt {record['prompt_id']}, sample 0" in first and f"<pre>{html.escape(label)}</pre>" in first
+    card = httpx.get(f"{server.url}/envs/{manifest.id}", params={"version": source.version}).text
+    assert f'href="/evals/{stored[-1]["id"]}/"' in card
+    # the spec hash the hub shows for the version (from the stored manifest) is the one the eval ran under
+    assert f"<code>{summary(out)['spec_hash']}</code>" in card.split('class="versions"')[1]
 
 
 def test_molt_train_eval_is_the_same_loop_with_pass_at_k(checkpoint, capsys):
