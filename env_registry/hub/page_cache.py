@@ -1,5 +1,6 @@
 """The server's page cache: the rendered answers of its read-mostly GET routes (the PEP 503 index, ``/api/resolve``,
-the hub's package page), replayed without running the route while the registry database has not changed.
+the hub's package page, env pages and their diffs, an uploaded eval's episode pages), replayed without running the
+route while the registry database has not changed.
 
 - **Always current, across workers and replicas.** Every write that changes what is shown advances a change stamp in
   the database, in its own transaction (``env_registry.store.database``: ``content`` for publish, yank, validation
@@ -34,9 +35,10 @@ from env_registry.hub.access import SESSION_COOKIE, principal
 from env_registry.store.local import LocalRegistry
 
 STAMP_SQL = "SELECT content, downloads FROM changes WHERE id = 1"
-# path prefix -> which stamps its answers depend on (0: content, 1: downloads); ReleaseInfo and the package page
-# carry install counts, the index does not
-CACHED = {"/simple/": (0,), "/p/": (0,), "/api/resolve": (0, 1), "/packages/": (0, 1)}
+# path prefix -> which stamps its answers depend on (0: content, 1: downloads); ReleaseInfo, the package page and the
+# env page carry install counts, the index does not
+CACHED = {"/simple/": (0,), "/p/": (0,), "/api/resolve": (0, 1), "/packages/": (0, 1), "/envs/": (0, 1)}
+CACHED["/evals/"] = (0,)  # an uploaded eval's episodes (immutable once stored; a 404 before that is not kept)
 MAX_ENTRY_BYTES = 1 << 20
 MAX_TOTAL_BYTES = 64 << 20
 STAMP_TIMEOUT_S = 10.0  # a stamp read (connecting included) that takes longer leaves its requests uncached

@@ -33,6 +33,7 @@ from fastapi.templating import Jinja2Templates
 
 from env_registry.errors import Error
 from env_registry.hub import ecosystem_cards, readme
+from env_registry.hub import versions as versions_
 from env_registry.hub.access import SESSION_COOKIE, STATUS, logged_in, request_token
 from env_registry.ids import parse_env_id
 from env_registry.packages import names
@@ -258,15 +259,26 @@ def hub_router() -> APIRouter:
         """The card of an env ID without a namespace."""
         return _env_card(request, name, version)
 
-    def _env_card(request: Request, env_id: str, version: str) -> HTMLResponse:
-        if ecosystem_cards.is_foreign(env_id):
-            if version:
-                raise BadQuery(
-                    f"{env_id} is another ecosystem's env: its version is the upstream library's, no ?version="
-                )
-            card = ecosystem_cards.card(env_id)
-            scheme = env_id.partition(":")[0]
-            return render(request, "ecosystem_env.html", card=card, scheme=scheme, spec_hash=card["spec"].hash)
+    @router.get("/envs/{namespace}/{name}/diff/{versions}")
+    def env_diff(request: Request, namespace: str, name: str, versions: str) -> HTMLResponse:
+        """What changed in the reference eval between two versions of an env: ``/envs/ns/name-v1/diff/1.0..1.1``."""
+        return _env_diff(request, f"{namespace}/{name}", versions)
+
+    @router.get("/envs/{name}/diff/{versions}")
+    def root_env_diff(request: Request, name: str, versions: str) -> HTMLResponse:
+        """The diff page of an env ID without a namespace."""
+        return _env_diff(request, name, versions)
+
+    def _env_diff(request: Request, env_id: str, versions: str) -> HTMLResponse:
+        registry, entry, package, providing, _ = _env_entry(request, env_id)
+        old, new = versions_.parse_range(versions)
+        before = versions_.figures_of(registry, providing, entry.env_id, old)
+        after = versions_.figures_of(registry, providing, entry.env_id, new)
+        diff = versions_.calibration_diff(before, after)
+        return render(request, "env_diff.html", entry=entry, package=package, old=old, new=new, diff=diff)
+
+    def _env_entry(request: Request, env_id: str) -> tuple[LocalRegistry, Any, PackageInfo, list[ReleaseInfo], list]:
+        """The registry, the env ID's index entry, its package, the releases providing it and its other ``-vN``."""
         registry: LocalRegistry = request.app.state.registry
         parsed = parse_env_id(env_id)
         if parsed.pin is not None:
@@ -279,6 +291,18 @@ def hub_router() -> APIRouter:
             raise NotFound(f"no package in this registry provides {parsed.unpinned!r} (versions of it here: {others})")
         package = registry.package(entry.package)
         providing = [r for r in package.releases if r.version in entry.versions]
+        return registry, entry, package, providing, siblings
+
+    def _env_card(request: Request, env_id: str, version: str) -> HTMLResponse:
+        if ecosystem_cards.is_foreign(env_id):
+            if version:
+                raise BadQuery(
+                    f"{env_id} is another ecosystem's env: its version is the upstream library's, no ?version="
+                )
+            card = ecosystem_cards.card(env_id)
+            scheme = env_id.partition(":")[0]
+            return render(request, "ecosystem_env.html", card=card, scheme=scheme, spec_hash=card["spec"].hash)
+        registry, entry, package, providing, siblings = _env_entry(request, env_id)
         shown = _shown(package.model_copy(update={"releases": providing}), version or entry.latest)
         if shown is None:
             raise NotFound(f"no release of {package.name} provides {entry.env_id!r}")
@@ -288,6 +312,12 @@ def hub_router() -> APIRouter:
         pass_keys = sorted(
             {k for e in evals for k in e.summary if k.startswith("pass@")}, key=lambda k: int(k.split("@")[1])
         )
+        rows = versions_.version_rows(registry, providing, entry.env_id)
+        previous = next((r["compare"] for r in rows if r["release"].version == shown.version), None)
+        changes = None
+        if previous is not None:
+            before = versions_.figures_of(registry, providing, entry.env_id, previous)
+            changes = versions_.calibration_diff(before, versions_.calibration_of(report, entry.env_id) or {})
         return render(
             request,
             "env.html",
@@ -303,6 +333,9 @@ def hub_router() -> APIRouter:
             evals=evals,
             pass_keys=pass_keys,
             siblings=siblings,
+            versions=rows,
+            previous=previous,
+            changes=changes,
         )
 
     @router.get("/sources/{scheme}")

@@ -4,7 +4,8 @@ The registry operator fixes a reference policy (``molt-env serve --validate --re
 --reference-model-name NAME --reference-n N --reference-prompts P``): an OpenAI-compatible endpoint. After an env's
 jailed checks all passed, the same jailed worker plays its first ``P`` prompts (of ``test``, else its first split) ``N``
 times each through ``env_registry.evaluation.evaluate`` (the very loop of ``molt-env eval``, with the same seeds), and
-reports pass@k for k = 1..N, the mean reward, a reward histogram, each prompt's passes, and the cost per episode
+reports pass@k for k = 1..N, the mean reward, a reward histogram, each prompt's passes and mean reward (by prompt
+ID: the hub's diff between versions compares them), and the cost per episode
 (turns, tokens, seconds, sandbox calls where the env reports them in ``info``), stamped with the reference policy
 and the env's spec hash.
 
@@ -197,6 +198,9 @@ def calibration_of(summary: dict[str, Any], records: list[dict[str, Any]], polic
         )
     prompt_ids = sorted({r["prompt_id"] for r in records})
     per_prompt = [passes[p] for p in prompt_ids]
+    rewards_of: dict[int, list[float]] = defaultdict(list)  # an episode that did not complete counts as the floor
+    for r in records:
+        rewards_of[r["prompt_id"]].append(r["reward"] if r.get("completed") and r["reward"] is not None else lo)
     badge = None
     if per_prompt and all(c == n for c in per_prompt):
         badge = "already solved"
@@ -226,6 +230,8 @@ def calibration_of(summary: dict[str, Any], records: list[dict[str, Any]], polic
         "reward_range": [lo, hi],
         "reward_histogram": counts,
         "passes_per_prompt": per_prompt,
+        "prompt_ids": prompt_ids,
+        "reward_per_prompt": [sum(rewards_of[p]) / len(rewards_of[p]) for p in prompt_ids],
         "badge": badge,
         "failures": summary["failures"],
         "turns_mean": summary["turns_mean"],
@@ -271,6 +277,8 @@ def sanitize(data: Any) -> dict[str, Any] | None:
         "reward_range": numbers("reward_range", 2),
         "reward_histogram": [int(v) for v in numbers("reward_histogram", HISTOGRAM_BINS) if v is not None],
         "passes_per_prompt": [int(v) for v in numbers("passes_per_prompt", 4096) if v is not None],
+        "prompt_ids": [int(v) for v in numbers("prompt_ids", 4096) if v is not None],
+        "reward_per_prompt": numbers("reward_per_prompt", 4096),
         "badge": data.get("badge")
         if data.get("badge") in ("already solved", "nothing to learn", "all or nothing")
         else None,

@@ -121,6 +121,20 @@ def hub_demo(tmp_path_factory) -> dict[str, Release]:
 
 
 @pytest.fixture(scope="session")
+def hub_versions(tmp_path_factory) -> dict[str, Release]:
+    """hub-versions 1.0.0 and 1.1.0 (hub/versions-v1): the env whose versions the hub compares (its own package, so
+    the verdicts and evals its tests store change no other test's pages)."""
+    root = tmp_path_factory.mktemp("hub-versions")
+    src = init(root / "src", "hub/versions-v1", package="hub-versions")
+    built = {}
+    for version in ("1.0.0", "1.1.0"):
+        set_version(src, version)
+        (src / "README.md").write_text(f"# Hub versions\n\nRelease {version}.\n")
+        built[version] = hatch_build(src, root / version)
+    return built
+
+
+@pytest.fixture(scope="session")
 def private_server(tmp_path_factory):
     """``molt-env serve --private`` (SQLite), with a token for publisher 'acme'."""
     live = start_server(tmp_path_factory.mktemp("private") / "registry", "--private")

@@ -24,13 +24,17 @@ from env_registry.store.local import Forbidden, NotFound
 
 
 def sql(server, statement: str, *args) -> None:
-    """Run one statement on the server's database (what a later validation gate, or time, would change)."""
+    """Run one statement on the server's database (what a later validation gate, or time, would change), advancing
+    the content stamp as the registry's own writes do (the cached pages depend on it)."""
+    bump = "UPDATE changes SET content = content + 1 WHERE id = 1"
     if server.db is None:
         with sqlite3.connect(server.root / "registry.db") as db:
             db.execute(statement, args)
+            db.execute(bump)
     else:
         with psycopg.connect(server.db) as db:
             db.execute(statement.replace("?", "%s"), args)
+            db.execute(bump)
 
 
 class ActiveContent(HTMLParser):
