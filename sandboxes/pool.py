@@ -60,13 +60,21 @@ class IdleSlots:
         """How many callers are queued for a slot now."""
         return len(self._waiters)
 
-    def get(self) -> int:
+    def get(self, timeout: float | None = None) -> int | None:
+        """An idle slot, waiting (blocking) in line while none is; None if `timeout` seconds pass first."""
         with self._lock:
             if self._idle:
                 return self._idle.popleft()
             waiter: Future = Future()
             self._waiters.append((None, waiter))
-        return waiter.result()
+        try:
+            return waiter.result(timeout)
+        except TimeoutError:
+            with self._lock:
+                if (None, waiter) in self._waiters:  # still in line: leave it
+                    self._waiters.remove((None, waiter))
+                    return None
+            return waiter.result()  # handed over meanwhile: ours
 
     async def get_async(self) -> int:
         loop = asyncio.get_running_loop()
@@ -155,13 +163,13 @@ class WorkerPool:
             self.stats[f"{kind}_waits"] += 1
             self.stats[f"{kind}_wait_s"] += time.monotonic() - start
 
-    def _take_blocking(self, slots: IdleSlots, kind: str) -> int:
+    def _take_blocking(self, slots: IdleSlots, kind: str, timeout_s: float | None = None) -> int | None:
         slot = slots.try_get()
         if slot is not None:
             return slot
         start = time.monotonic()
         try:
-            return slots.get()
+            return slots.get(timeout_s)
         finally:
             self.stats[f"{kind}_waits"] += 1
             self.stats[f"{kind}_wait_s"] += time.monotonic() - start
@@ -308,10 +316,13 @@ class WorkerPool:
         return oom
 
     # ---- dedicated workers for persistent sessions ------------------------------------------
-    def dedicated(self) -> tuple[int, Worker]:
+    def dedicated(self, timeout_s: float | None = None) -> tuple[int, Worker] | None:
         """A session slot and a fresh dedicated worker for it, blocking: queues (FIFO) while every session slot
-        is taken, never failing for capacity. Give both back with `release`."""
-        slot = self._take_blocking(self._session_slots, "session")
+        is taken, never failing for capacity; None if `timeout_s` passes first (a caller that polls, so that no
+        thread blocks for long). Give both back with `release`."""
+        slot = self._take_blocking(self._session_slots, "session", timeout_s)
+        if slot is None:
+            return None
         try:
             return slot, self._factory(slot, True)
         except BaseException:

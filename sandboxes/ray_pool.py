@@ -17,6 +17,7 @@ from sandboxes.result import Result
 
 _started_ray = False  # whether a RayBackend called ray.init (then the last one to close stops Ray)
 _live: set[int] = set()
+SESSION_POLL_S = 1.0  # how long one open_session call waits in an actor for a session slot before asking again
 
 
 def _pick_node(index: int, avoid: str | None = None) -> str:
@@ -48,10 +49,15 @@ class _SandboxActor:
     def run(self, header: dict, payload: dict, limits: Limits) -> Result:
         return asyncio.run(self.pool.run_async(header, limits, payload))  # a threaded actor: a loop per call
 
-    def open_session(self) -> int:
+    def open_session(self, wait_s: float | None = None) -> int | None:
+        """A new session's id, or None when no session slot freed up within `wait_s` (the caller asks again: a
+        thread of this actor never blocks for long, so closes and calls of other sessions always find one)."""
         from sandboxes.pool import PoolSession
 
-        slot, worker = self.pool.dedicated()
+        taken = self.pool.dedicated(wait_s)
+        if taken is None:
+            return None
+        slot, worker = taken
         sid = next(self._ids)
         self.sessions[sid] = PoolSession(self.pool, slot, worker)
         return sid
@@ -168,16 +174,26 @@ class RayBackend:
             self._ray.kill(actor, no_restart=True)
 
     async def open_session(self) -> RaySession:
+        """A session on the least busy actor; while all of that actor's sessions are open, waits in its queue (asking
+        again every second). Cancelled meanwhile, a session the actor opened anyway is closed."""
         index = self._pick()
         actor = self.actors[index]
         try:
-            sid = await actor.open_session.remote()
-        except self._ray.exceptions.RayError as exc:
+            while True:
+                ref = actor.open_session.remote(SESSION_POLL_S)
+                try:
+                    sid = await ref
+                except asyncio.CancelledError:
+                    ref.future().add_done_callback(lambda done: _close_unwanted(actor, done))
+                    raise
+                if sid is not None:
+                    return RaySession(self, index, sid, actor)
+        except BaseException as exc:
             with self._lock:
                 self._inflight[index] -= 1
-            self._replace_if_dead(index, actor, exc)
+            if isinstance(exc, self._ray.exceptions.RayError):
+                self._replace_if_dead(index, actor, exc)
             raise
-        return RaySession(self, index, sid, actor)
 
     def stats(self) -> list[dict]:
         return self._ray.get([actor.stats.remote() for actor in self.actors])
@@ -197,6 +213,14 @@ class RayBackend:
         if not _live and _started_ray:
             _started_ray = False
             ray.shutdown()
+
+
+def _close_unwanted(actor: object, done: object) -> None:
+    """A session an actor opened for a caller that was cancelled meanwhile: close it."""
+    with contextlib.suppress(Exception):
+        sid = done.result()
+        if sid is not None:
+            actor.close_session.remote(sid)
 
 
 class RaySession:

@@ -492,7 +492,9 @@ async def test_refuses_without_isolation_unless_unsafe(monkeypatch):
 
 
 async def test_persistent_session_on_every_provider(provider):
-    options = {"actors": 1, "workers_per_actor": 1} if provider == "ray" else {"workers": 2}
+    options = {"ray": {"actors": 1, "workers_per_actor": 1, "sessions": 1}, "local": {"workers": 2, "sessions": 1}}
+    options = options.get(provider, {"workers": 2})
+    late = sandboxes.open(provider, persistent=True, **options)
     async with sandboxes.open(provider, persistent=True, **options) as sb:
         assert (await sb.run_python("state = [1, 2]")).ok
         r = await sb.run_python("state.append(3)\nsum(state)")
@@ -508,6 +510,12 @@ async def test_persistent_session_on_every_provider(provider):
             r = await sb.run_python("print(globals().get('state'))")
         assert (r.status, r.stdout) == ("ok", "None\n"), r
         assert time.monotonic() - start < 20
+        waiting = asyncio.create_task(late.start())
+        await asyncio.sleep(1.2)  # ray: longer than an actor holds one open_session call
+        assert not waiting.done() or "sessions" not in options  # the one session slot is taken: wait, never fail
+    await asyncio.wait_for(waiting, 30)
+    async with late:
+        assert (await late.run_python("print(globals().get('state'))")).stdout == "None\n"
 
 
 @needs_local
