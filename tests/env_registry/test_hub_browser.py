@@ -1,7 +1,9 @@
 """The hub in a real headless Chromium (Debian's /usr/bin/chromium, driven by Playwright): search and browse with
-JavaScript off, a hostile README that runs nothing with JavaScript on, and a private server's login.
+JavaScript off, a hostile README that runs nothing with JavaScript on, a calibrated env's page and its uploaded
+episodes (hostile ones included), and a private server's login.
 
-Screenshots of the search results, a package page and an env card go to ``runs/hub-screenshots/``.
+Screenshots of the search results, a package page and an env card go to ``runs/hub-screenshots/``; the calibrated
+env page to ``docs/hub-env-page.png`` (the README's).
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ FLAGS = [
     "--no-first-run",
 ]
 SCREENSHOTS = Path(__file__).resolve().parents[2] / "runs" / "hub-screenshots"
+DOCS_SCREENSHOT = Path(__file__).resolve().parents[2] / "docs" / "hub-env-page.png"  # the README shows it
+HOSTILE_TAG = "<script>window.__xss=1</script>"
 # every element attribute a browser would run, and every link or source with a script or data URL
 ACTIVE = """() => [...document.querySelectorAll('*')].flatMap(el => [...el.attributes]
     .filter(a => a.name.startsWith('on') || (['href', 'src', 'action', 'formaction', 'data'].includes(a.name)
@@ -110,6 +114,43 @@ def test_a_hostile_readme_executes_nothing(browser, server, hostile):
     card.goto(f"{server.url}/envs/acme/hostile-v1")
     assert "<script>window.__xss=1</script>" in card.locator("p.summary").inner_text()  # shown as text
     assert card.evaluate("typeof window.__xss") == "undefined"
+    assert dialogs == []
+    context.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_an_env_page_with_calibration_and_its_uploaded_episodes(browser, server, hub_versions, tmp_path):
+    """The env page of a calibrated env with two versions and an uploaded eval, screenshotted for the README
+    (``docs/hub-env-page.png``); then into the eval's episodes, whose hostile text runs nothing (JavaScript on)."""
+    from test_hub_versions import ENV, ENV_SUMMARY, PACKAGE, REWARDS, calibrate, episodes
+
+    publish(server, hub_versions["1.0.0"], hub_versions["1.1.0"])
+    for version, rewards in REWARDS.items():
+        calibrate(server, version, rewards)
+    client = RegistryClient(server.url, server.token)
+    record = client.publish_eval(PACKAGE, "1.1.0", {**SUMMARY, **ENV_SUMMARY})
+    (tmp_path / "samples.jsonl").write_bytes(episodes(24))
+    client.publish_eval_samples(PACKAGE, "1.1.0", record.id, tmp_path / "samples.jsonl")
+
+    context = browser.new_context(viewport={"width": 1100, "height": 900})  # JavaScript on
+    dialogs: list[str] = []
+    context.on("page", lambda p: p.on("dialog", lambda d: (dialogs.append(d.message), d.dismiss())))
+    page = context.new_page()
+    page.goto(f"{server.url}/envs/{ENV}?version=1.1.0")
+    assert page.locator("table.versions tbody tr td:first-child").all_inner_texts() == ["1.1.0", "1.0.0"]
+    assert page.locator("svg.passk circle.point").count() == 4 and page.locator("#changes table.diff").is_visible()
+    assert page.locator("#changes tr.changed").count() == 3
+    page.screenshot(path=DOCS_SCREENSHOT, full_page=True)
+    assert DOCS_SCREENSHOT.read_bytes().startswith(b"\x89PNG")
+
+    page.click(f"a.episodes[href='/evals/{record.id}/']")
+    page.wait_for_url(f"**/evals/{record.id}/")
+    assert page.locator("table.episodes tbody tr").count() == 24
+    page.click(f"a[href='/evals/{record.id}/episodes/7']")  # an episode full of script
+    assert HOSTILE_TAG in page.locator("ol.transcript").inner_text()  # shown as text
+    assert page.evaluate("typeof window.__xss") == "undefined" and page.evaluate(ACTIVE) == []
+    page.click("#back a")
+    page.wait_for_url(f"**/envs/{ENV}?version=1.1.0#evals")
     assert dialogs == []
     context.close()
 

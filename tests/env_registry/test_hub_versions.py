@@ -5,6 +5,7 @@ cache (a hit until a verdict or an eval upload changes it)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sys
@@ -32,6 +33,11 @@ REWARDS = {
 }
 
 
+def spec_of(version: str) -> str:
+    """The spec hash the reference eval of ``version`` reports (made up: the hub shows what was stored)."""
+    return hashlib.sha256(version.encode()).hexdigest()[:16]
+
+
 def calibrate(server, version: str, rewards: dict[int, list[float]]) -> dict:
     """Store the gate's verdict on ``version`` with a reference eval of ``rewards`` (its figures made by the
     calibration's own ``calibration_of``, as the jailed worker makes them); returns the figures."""
@@ -39,14 +45,16 @@ def calibrate(server, version: str, rewards: dict[int, list[float]]) -> dict:
     n = len(next(iter(rewards.values())))
     counts = [(n, sum(r >= 1.0 for r in rs)) for rs in rewards.values()]
     summary = {
-        "n": n, "reward_range": [0.0, 1.0], "pass_threshold": 1.0, "spec_hash": f"spec-{version}",
+        "n": n, "reward_range": [0.0, 1.0], "pass_threshold": 1.0, "spec_hash": spec_of(version),
         "package_version": version, "split": "test", "num_prompts": len(rewards), "num_samples": len(records),
         **{f"pass@{k}": mean_pass_at_k(counts, k) for k in range(1, n + 1)},
         "mean_reward": sum(r["reward"] for r in records) / len(records), "failures": {}, "turns_mean": 1.0,
         "prompt_tokens_mean": 9.0, "completion_tokens_mean": 3.0, "latency_s": {"mean": 0.2},
+        "finished": f"2026-12-0{len(rewards)}T12:00:00Z",
     }  # fmt: skip
     figures = calibration_of(summary, records, "ref model=scripted")
     report = {"isolation": "jail", "checks": [{"name": "determinism", "passed": True, "detail": "", "env_id": ENV}]}
+    report["samples"] = {ENV: {"test": [f"Repeat the following text exactly:\nprompt {p}" for p in rewards]}}
     registry = LocalRegistry(server.root, db=server.db)
     try:
         assert registry.set_validation(PACKAGE, version, "passed", {**report, "calibration": {ENV: figures}})
@@ -71,8 +79,8 @@ def test_versions_side_by_side_and_what_changed_between_them(server, hub_version
     assert card.status_code == 200
     versions = rows(card.text, "versions")
     assert [r[:6] for r in versions] == [
-        ["1.1.0", "spec-1.1.0", "passed", f"{new['mean_reward']:.3f}", f"{new['pass_at_k'][0]:.3f}", "vs 1.0.0"],
-        ["1.0.0", "spec-1.0.0", "passed", f"{old['mean_reward']:.3f}", f"{old['pass_at_k'][0]:.3f}", ""],
+        ["1.1.0", spec_of("1.1.0"), "passed", f"{new['mean_reward']:.3f}", f"{new['pass_at_k'][0]:.3f}", "vs 1.0.0"],
+        ["1.0.0", spec_of("1.0.0"), "passed", f"{old['mean_reward']:.3f}", f"{old['pass_at_k'][0]:.3f}", ""],
     ]
     assert f'href="/envs/{ENV}/diff/1.0.0..1.1.0"' in card.text
 
