@@ -201,6 +201,7 @@ class RolloutWorker:
                 jobs.append(self._episode(self.rows[i], params_j, f"{step}:{env}:{i}" if env else f"{step}:{i}"))
                 envs.append(env)
         judge = self.runner.judge.stats.snapshot() if self.runner.judge is not None else None
+        counters = self._counters()
         async with self._whole_batch():
             results = await asyncio.gather(*jobs)
         if self.top_logprobs:  # what no kept trajectory claimed (failed episodes, evaluation)
@@ -229,6 +230,7 @@ class RolloutWorker:
             "dropped": dropped,
             "num_rollouts": len(results),
             "per_env": per_env,
+            "counters": {k: v - counters.get(k, 0) for k, v in self._counters().items()},
             "data_state": self.sampler.state(),
             "start": start,
             "end": time.time(),
@@ -236,6 +238,20 @@ class RolloutWorker:
         if judge is not None:  # this batch's judge calls (an eval running meanwhile adds its own)
             batch["judge"] = {k: v - judge[k] for k, v in self.runner.judge.stats.snapshot().items()}
         return batch
+
+    @staticmethod
+    def _counters() -> dict[str, float]:
+        """This process's fault and queue counters so far: its sandbox pools' (``sandbox/retries``,
+        ``sandbox/infra_errors``, ``sandbox/slot_wait_s``, ...), its env-server endpoints' waits for a free slot
+        (``env_server/slot_waits``, ``env_server/slot_wait_s``) and its session servers' retries answered by replay
+        (``session/replays``); a batch reports their change over it (an evaluation running meanwhile adds its own)."""
+        import sandboxes
+        from molt_envs.chat_runner import session_replays
+        from molt_envs.remote.client import wire_stats
+
+        counters = {f"sandbox/{k}": v for k, v in sandboxes.stats().items()}
+        counters.update({f"env_server/{k}": v for k, v in wire_stats().items()})
+        return {**counters, "session/replays": session_replays()}
 
     async def _episode(
         self, row: dict[str, Any], params: SamplingParams, group_id: str
@@ -443,13 +459,20 @@ class RolloutWorker:
         await self.engine.wake_up()
 
     async def shutdown(self) -> None:
-        """Stop what this actor started that a kill would leave behind: env servers' logs, the judge server, vLLM's
-        engine-core process."""
+        """Stop what this actor started that a kill would leave behind: env servers (and their logs), the judge and
+        session servers, vLLM's engine-core process, sandbox jails (their cgroups and scratch dirs)."""
+        import sandboxes
+        from env_registry.serving.managed_servers import stop_managed_servers
+        from molt_envs.chat_runner import close_session_servers
+
         await asyncio.gather(*(server.stop.remote() for server in self.env_servers))
         if self.judge_server is not None:
             await self.judge_server.stop()
         if hasattr(self.engine, "shutdown"):  # vllm: its engine-core process
             self.engine.shutdown()
+        await close_session_servers()  # the ChatAgents' session servers (their unix sockets' directories)
+        await asyncio.to_thread(stop_managed_servers)  # foreign envs' servers started in this process, and their logs
+        await asyncio.to_thread(sandboxes.shutdown)  # jails, their cgroups and scratch dirs
 
 
 CLEANUP_GRACE_S = 30.0  # how long an episode cancelled at its deadline gets to release what it holds

@@ -10,7 +10,7 @@
 The bottom layer of the project: imports nothing from molt_envs, env_registry or molt_train.
 """
 
-from sandboxes.api import Sandbox, open, reap, shutdown
+from sandboxes.api import Sandbox, open, reap, shutdown, stats
 from sandboxes.errors import SandboxError, SandboxUnavailable
 from sandboxes.limits import Limits
 from sandboxes.local import host_site_packages
@@ -31,4 +31,5 @@ __all__ = [
     "probe",
     "reap",
     "shutdown",
+    "stats",
 ]

@@ -97,6 +97,19 @@ def _make_backend(provider: str, options: dict, unsafe: bool, limits: Limits) ->
     raise ValueError(f"unknown sandbox provider {provider!r}; choose one of {', '.join(PROVIDERS)}")
 
 
+def stats() -> dict[str, float]:
+    """This process's pools' counters, summed over providers (``executions``, ``retries``, ``infra_errors``,
+    ``respawns``, ``slot_wait_s``, ...): what the trainer reports per step as ``sandbox/<name>``."""
+    with _backends_lock:
+        backends = list(_backends.values())
+    total: dict[str, float] = {}
+    for backend in backends:
+        counters = getattr(getattr(backend, "pool", None), "stats", None)
+        for key, value in (counters if isinstance(counters, dict) else {}).items():
+            total[key] = total.get(key, 0) + value
+    return total
+
+
 def shutdown() -> None:
     """Stop every shared pool of this process: all worker processes, cgroups and scratch dirs (also run at exit).
 

@@ -99,6 +99,15 @@ EXPECTED = {
         rf"\| 42 \| {NUM}% \| {NUM}% \(2\) \| {NUM}% \| {SIGNED} \| {SIGNED} \| \d+ / \d+ \| (yes|\*\*no\*\*) \|",
         rf"Gain over the SFT baseline on 1 seeds: min {SIGNED}, median {SIGNED}, max {SIGNED} points",
     ],
+    "chaos_bench.py": [  # the run's checks: every fault struck and counted, no step lost, nothing left over
+        rf"steps finished: 4/4; longest rollout {NUM} s, deadline 20 s",
+        *(
+            rf"{fault} at step \d \((pid \d+|\d+ connection\(s\) to port \d+)\): [1-9]\d* counted, 0 steps lost"
+            for fault in ("env_server_kill", "sandbox_worker_kill", "env_server_stop", "session_cut")
+        ),
+        r"leftovers of the run: 0 \(",
+        rf"chaos run: 0 problem\(s\) in {NUM} s",
+    ],
     "staleness_ab.py": [rf"seed 42 {variant}\s+RL {NUM}%" for variant in ("on-policy", "stale\\+tis")]
     + [
         rf"\| on-policy \| {NUM}% \| {NUM}% \|",
@@ -108,6 +117,7 @@ EXPECTED = {
 MARKS = {
     "sandbox_bench.py": [needs_local_sandbox],
     "scale_bench.py": [needs_local_sandbox],
+    "chaos_bench.py": [needs_local_sandbox, pytest.mark.slow],
     "trl_baseline.py": [needs_trl, pytest.mark.slow],
     "trainer_vs_trl.py": [needs_trl, pytest.mark.slow],
     "demo_seeds.py": [pytest.mark.slow],
