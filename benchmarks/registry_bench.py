@@ -8,7 +8,9 @@ running server with an aiohttp client holding ``c`` keep-alive connections (c = 
 - ``/api/health``: the baseline, in the same server process: FastAPI + uvicorn with no registry work, so the
   ``vs health`` column is what the data layer and the page cost on top of the framework;
 - ``/simple/<pkg>/`` (the PEP 503 index pip reads), ``/api/resolve?env_id=...`` (what ``molt-env install`` asks),
-  ``/packages/<pkg>`` (the hub's package page, README rendered and sanitized), ``/envs/<id>`` (the hub's env page).
+  ``/packages/<pkg>`` (the hub's package page, README rendered and sanitized), ``/envs/<id>`` (the hub's env page),
+  ``/evals/<id>/`` (an uploaded eval's episodes in the hub's viewer pages: its first and second page and an
+  episode, 400 episodes uploaded through the API).
 
 Then the trajectory viewer (``molt-env view``, ``env_registry/hub/viewer.py``) on a synthesized eval of
 ``--viewer-episodes`` episodes (default 10,000; records shaped as ``molt-env eval`` writes them, ``--viewer-turns``
@@ -47,6 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -131,6 +134,29 @@ def publish_throughput(url: str, token: str, releases: list, concurrency: int) -
     return len(releases) / (time.perf_counter() - began)
 
 
+def upload_eval(url: str, token: str, release, workdir: Path, episodes: int = 400) -> int:
+    """An eval of the release's first env (``episodes`` records, 100 prompts x 4) uploaded with its episodes, as
+    ``molt-env eval --out DIR --publish-results`` does; returns its id (its pages: ``/evals/<id>/``)."""
+    env_id = release.env_ids[0]
+    summary = {
+        "env_id": env_id, "package_version": release.version, "spec_hash": "ab" * 8, "split": "test",
+        "num_prompts": episodes // 4, "n": 4, "pass@1": 0.4, "pass@4": 0.7, "mean_reward": 0.4, "failures": {},
+        "model": "bench", "seed": 0, "started": "2026-12-05T00:00:00Z", "finished": "2026-12-05T00:01:00Z",
+    }  # fmt: skip
+    samples = workdir / f"samples-{release.name}-{uuid.uuid4().hex}.jsonl"
+    with samples.open("w") as f:
+        for i in range(episodes):
+            messages = [{"role": "user", "content": f"question {i // 4}"}, {"role": "assistant", "content": "x " * 200}]
+            record = {"env_id": env_id, "prompt_id": i // 4, "sample": i % 4, "prompt": messages[:1],
+                      "transcript": messages, "reward": float(i % 3 == 0), "completed": True, "failure": None,
+                      "turns": 1, "prompt_tokens": 30, "completion_tokens": 200, "info": {}}  # fmt: skip
+            f.write(json.dumps(record) + "\n")
+    client = RegistryClient(url, token)
+    record = client.publish_eval(release.name, release.version, summary)
+    client.publish_eval_samples(release.name, release.version, record.id, samples)
+    return record.id
+
+
 def tree_cpu(pid: int) -> float:
     """CPU seconds (user + system) of process ``pid`` and its descendants so far, live or reaped (Linux ``/proc``)."""
     total, pending = 0.0, [pid]
@@ -166,6 +192,7 @@ def bench_backend(backend: str, args: argparse.Namespace, releases: list, workdi
     try:
         rate = publish_throughput(url, token, releases, concurrency=4)
         rows.append([backend, "publish (4 clients)", "4", f"{rate:.1f} releases/s", "", "", "", "", "", ""])
+        run = upload_eval(url, token, releases[-1], workdir)
         names = sorted({r.name for r in releases})
         ids = sorted({e for r in releases for e in r.env_ids})
         endpoints = {
@@ -174,6 +201,7 @@ def bench_backend(backend: str, args: argparse.Namespace, releases: list, workdi
             "/api/resolve": [f"/api/resolve?env_id={e}" for e in ids],
             "/packages/<pkg>": [f"/packages/{n}" for n in names],
             "/envs/<id>": [f"/envs/{e}" for e in ids],
+            "/evals/<id>/ (episodes)": [f"/evals/{run}/", f"/evals/{run}/?page=2", f"/evals/{run}/episodes/5"],
         }
         for concurrency in args.concurrency:
             floor = None
