@@ -189,7 +189,12 @@ def create_app(
     @app.post(
         "/api/packages/{package}/{version}/evals/{eval_id}/samples",
         status_code=201,
-        openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {"schema": {}}}}},
+        openapi_extra={  # the samples.jsonl file as it is (any Content-Type)
+            "requestBody": {
+                "required": True,
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
     )
     async def publish_eval_samples(
         package: str, version: str, eval_id: int, request: Request, who: Publisher

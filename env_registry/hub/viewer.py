@@ -1,4 +1,6 @@
-"""``molt-env view DIR``: an eval run's ``samples.jsonl`` rendered turn by turn, served on loopback.
+"""``molt-env view DIR``: an eval run's ``samples.jsonl`` rendered turn by turn, served on loopback; the same pages
+(``index_page``, ``episode_page``) serve an uploaded eval's episodes on the hub under ``/evals/<id>`` (``base``: the
+path they hang from, ``eval_pages``).
 
 - ``/`` is the run's summary (env IDs, model, pass@k, failures by reason, all from ``summary.json``) and a table of
   its episodes, ``PAGE_SIZE`` a page (``?page=N``, from 1), narrowed by ``?env=``, ``?reward=`` (``pass``, ``fail``

@@ -206,8 +206,10 @@ class EvalSummaries:
         Raises:
             NotFound: no eval has that id.
         """
-        with database.read(self.engine) as db:
-            row = db.execute(sa.select(evals).where(evals.c.id == eval_id)).first()
+        row = None
+        if 0 <= eval_id < 1 << 63:  # a database integer
+            with database.read(self.engine) as db:
+                row = db.execute(sa.select(evals).where(evals.c.id == eval_id)).first()
         if row is None:
             raise NotFound(f"this registry has no eval {eval_id} (eval ids are on the env pages and in .../evals)")
         return self._record(row)

@@ -155,6 +155,10 @@ def test_a_publish_with_calibration(backend, request, endpoint, tmp_path):
         assert f"{endpoint} model=scripted" in card and figures["spec_hash"] in card
         assert "Seconds per episode" in card and "Sandbox calls per episode" in card
         assert "Already solved" not in card
+        assert figures["prompt_ids"] == [0, 1, 2] and figures["reward_per_prompt"] == [0.5, 0.5, 0.0]
+        versions = card.split('class="versions"')[1]  # the version table: the gate's spec hash, verdict and score
+        assert figures["spec_hash"] in versions and "passed" in versions
+        assert f"{figures['mean_reward']:.3f}" in versions and f"{figures['pass_at_k'][0]:.3f}" in versions
 
         solved = httpx.get(f"{server.url}/api/packages/cal-solved/0.1.0/validation").json()
         figures = solved["report"]["calibration"]["cal/solved-v1"]
@@ -188,7 +192,12 @@ def test_badges_and_a_hostile_calibration_are_bounded():
     figures = calibration_of(summary, records, "ref")
     assert figures["badge"] == "nothing to learn" and figures["sandbox_calls_mean"] == 3
     records[2]["reward"] = records[3]["reward"] = 1.0
-    assert calibration_of(summary, records, "ref")["badge"] == "all or nothing"
+    records[1]["completed"] = False  # counts as the floor of the reward range
+    mixed = calibration_of(summary, records, "ref")
+    assert mixed["badge"] == "all or nothing" and mixed["prompt_ids"] == [0, 1]
+    assert mixed["reward_per_prompt"] == [0.0, 1.0]
+    kept = sanitize({**mixed, "reward_per_prompt": ["<b>", 0.5], "prompt_ids": ["x", 3]})
+    assert kept["reward_per_prompt"] == [None, 0.5] and kept["prompt_ids"] == [3]
     hostile = {**figures, "pass_at_k": ["<script>", float("nan"), 0.5], "badge": "<b>", "policy": "x" * 10_000}
     kept = sanitize(hostile)
     assert kept["pass_at_k"] == [None, None] and kept["badge"] is None and len(kept["policy"]) == 300

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from packaging_support import SUMMARY, publish
+from packaging_support import SUMMARY, publish, start_server
 
 from env_registry.store.client import RegistryClient
 
@@ -118,12 +118,21 @@ def test_a_hostile_readme_executes_nothing(browser, server, hostile):
     context.close()
 
 
-@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
-def test_an_env_page_with_calibration_and_its_uploaded_episodes(browser, server, hub_versions, tmp_path):
+@pytest.fixture
+def own_server(tmp_path):
+    """``molt-env serve`` (SQLite) over a registry of this test's alone."""
+    live = start_server(tmp_path / "registry")
+    yield live
+    live.stop()
+
+
+def test_an_env_page_with_calibration_and_its_uploaded_episodes(browser, own_server, hub_versions, tmp_path):
     """The env page of a calibrated env with two versions and an uploaded eval, screenshotted for the README
-    (``docs/hub-env-page.png``); then into the eval's episodes, whose hostile text runs nothing (JavaScript on)."""
+    (``docs/hub-env-page.png``); then into the eval's episodes, whose hostile text runs nothing (JavaScript on).
+    A server of its own (SQLite), so that the screenshot shows this test's data only."""
     from test_hub_versions import ENV, ENV_SUMMARY, PACKAGE, REWARDS, calibrate, episodes
 
+    server = own_server
     publish(server, hub_versions["1.0.0"], hub_versions["1.1.0"])
     for version, rewards in REWARDS.items():
         calibrate(server, version, rewards)
