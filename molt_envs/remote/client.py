@@ -59,7 +59,9 @@ PING_TIMEOUT_S = float(os.environ.get("MOLT_ENV_PING_TIMEOUT_S", "4"))
 CLOSE_TIMEOUT_S = 1.0
 # the longest an episode waits for a free slot of a server at capacity (not its answers' timeout: the queue may be long)
 SLOT_TIMEOUT_S = float(os.environ.get("MOLT_ENV_SLOT_TIMEOUT_S", "600"))
-CONNECT_TIMEOUT_S = 30.0
+# the opening handshake: a server that accepts the TCP connection (the kernel does, even for a stopped process) but
+# does not answer the upgrade within this long is dead to us (keepalive only starts once the socket is open)
+CONNECT_TIMEOUT_S = float(os.environ.get("MOLT_ENV_CONNECT_TIMEOUT_S", "10"))
 MAX_MESSAGE_BYTES = 64 << 20
 LOOPBACK = {"127.0.0.1", "localhost", "::1"}
 
@@ -271,6 +273,9 @@ class _Episode:
                 close_timeout=CLOSE_TIMEOUT_S,
                 proxy=proxy,
             )
+        except asyncio.CancelledError:  # abandoned while the server had not answered the handshake: check it
+            await self.endpoint.recover(self.generation, wait=False)
+            raise
         except Exception as exc:  # refused, DNS, TLS, an HTTP answer that is no WebSocket upgrade, timeout
             await self.endpoint.recover(self.generation, wait=False)
             raise ServerUnreachable(
@@ -289,6 +294,7 @@ class _Episode:
                 raw = await self.ws.recv()
         except asyncio.CancelledError:  # abandoned (a deadline, a stop): the server cancels the call when we drop
             self.drop()
+            await self.endpoint.recover(self.generation, wait=False)  # and it is checked (in the background)
             raise
         except TimeoutError:
             await self._fail()

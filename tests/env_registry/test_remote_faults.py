@@ -187,3 +187,16 @@ def test_episodes_past_the_servers_capacity_wait_for_a_slot_counted(endpoint, mo
     assert waits == 8 and waited_s > 8 * 0.4, endpoint.stats  # all but the first two, ~1.0 s each on average
     assert wire_stats()["slot_waits"] - process_before["slot_waits"] == 8
     assert endpoint.slots.in_use == 0
+
+
+def test_a_server_stopped_between_episodes_is_checked_when_an_episode_gives_up_on_its_handshake(endpoint):
+    """Stopped while no episode is open: the kernel still accepts the next connection, but no handshake answer comes
+    and no keepalive runs yet. The episode's deadline (shorter than the handshake's timeout) abandons it, and that
+    alone starts the check that kills and replaces the server."""
+    process, restarts = endpoint.server.process, endpoint.server.restarts
+    os.kill(process.pid, signal.SIGSTOP)
+    with pytest.raises(TimeoutError):
+        asyncio.run(asyncio.wait_for(episode(endpoint, "handshake"), 1.0))
+    assert endpoint.settled(60)
+    assert process.returncode == -signal.SIGKILL and endpoint.server.restarts == restarts + 1
+    assert asyncio.run(episode(endpoint, "after-handshake")) == 1.0
