@@ -284,11 +284,16 @@ def main() -> int:
     plan = [Strike(f, s, rng.uniform(0.0, 0.5)) for f, s in zip(FAULTS * args.rounds, steps, strict=True)]
     work = Path(tempfile.mkdtemp(prefix="chaos-bench-"))
     tmp = Path(tempfile.mkdtemp(prefix="chaos-", dir="/tmp"))  # short: Ray's socket paths live under it
+    failed = 1
     try:
-        return run_chaos(args, plan, work, tmp)
+        failed = run_chaos(args, plan, work, tmp)
+        return failed
     finally:
-        shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(tmp, ignore_errors=True)
+        if failed:
+            print(f"the run's files (its log, metrics.jsonl, the env servers' logs) are kept in {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def run_chaos(args: argparse.Namespace, plan: list[Strike], work: Path, tmp: Path) -> int:
@@ -320,7 +325,9 @@ def run_chaos(args: argparse.Namespace, plan: list[Strike], work: Path, tmp: Pat
         m = by_step.get(s.step, {})
         n = counted(s.fault, m)
         lost_here = int(s.step in lost)
-        print(f"  {s.fault} at step {s.step} ({s.done or 'not struck'}): {n:.0f} counted, {lost_here} steps lost")
+        dropped = {k.removeprefix("rollout/"): int(v) for k, v in m.items() if "/dropped/" in k and v}
+        struck = s.done or "not struck"
+        print(f"  {s.fault} at step {s.step} ({struck}): {n:.0f} counted, {lost_here} steps lost; dropped {dropped}")
         if s.done and not n and s.step in by_step:
             seen = {k: v for k, v in m.items() if k.startswith(("sandbox/", "session/")) or "/dropped/" in k}
             problems.append(f"{s.fault} at step {s.step} ({s.done}) was not counted in its metrics: {seen}")

@@ -102,7 +102,7 @@ EXPECTED = {
     "chaos_bench.py": [  # the run's checks: every fault struck and counted, no step lost, nothing left over
         rf"steps finished: 4/4; longest rollout {NUM} s, deadline 20 s",
         *(
-            rf"{fault} at step \d \((pid \d+|\d+ connection\(s\) to port \d+)\): [1-9]\d* counted, 0 steps lost"
+            rf"{fault} at step \d \((pid \d+|\d+ connection\(s\) to port \d+)\): [1-9]\d* counted, 0 steps lost;"
             for fault in ("env_server_kill", "sandbox_worker_kill", "env_server_stop", "session_cut")
         ),
         r"leftovers of the run: 0 \(",
