@@ -1,7 +1,7 @@
 """Chaos: one CPU RL run under injected faults, then a check from the OS that nothing of it is left.
 
     .venv/bin/python benchmarks/chaos_bench.py [--seed 0] [--steps 8] [--prompts 128] [--samples 4] [--rounds 2]
-                                               [--timeout-s 30]
+                                               [--timeout-s 120]
 
 The run is ``molt-train rl`` as a user starts it (its own process tree, its own ``TMPDIR``) on a tiny model SFT'd to
 call the ``python_executor`` tool (each call sleeps 0.2 s in its jail), over a mix of four envs: ``molt/python-tool-v1``
@@ -271,7 +271,7 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=128, help="prompts a step (x --samples episodes)")
     parser.add_argument("--samples", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=2, help="times each fault is struck")
-    parser.add_argument("--timeout-s", type=float, default=30.0, help="--rollout.timeout_s, the episode deadline")
+    parser.add_argument("--timeout-s", type=float, default=120.0, help="--rollout.timeout_s, the episode deadline")
     parser.add_argument("--sft-steps", type=int, default=80, help="SFT steps of the tool-calling start")
     parser.add_argument("--smoke", action="store_true", help="each fault once, 4 steps of 64 episodes")
     args = parser.parse_args()

@@ -101,21 +101,29 @@ def pytest_configure(config):
     )
 
 
-# `make test` runs two pytest-xdist workers (`-n 2 --dist loadgroup`), each on one group of files in their usual
-# order: most of a test's time is spent waiting on processes it started (Ray workers importing torch, servers, pip,
-# jails), so two streams overlap well on two cores. The trainer's tests that share one in-process Ray instance per
-# module are one group; the rest (the trainer runs that live in subprocesses or a cluster of their own among them, to
-# even the two out) the other. Splitting finer would break the order the files' fixtures assume (one local Ray
-# instance at a time per process; the venv the README and registry tests install into).
-TRAINER_TESTS = "tests/molt_train/"
-OWN_PROCESSES = ("test_demo.py", "test_multinode.py", "test_rl_harness.py")
+# `make test` runs two pytest-xdist workers (`-n 2 --dist loadfile`): most of a test's time is spent waiting on
+# processes it started (Ray workers importing torch, servers, pip, jails), so two streams overlap well on two cores.
+# Each file runs whole on one worker, so its module fixtures (a Ray cluster, venvs, a served registry) are set up once.
+# (`--dist loadgroup` with an `xdist_group` per file did not group anything: pytest 9 ignores the nodeid suffix
+# xdist 3.8 writes, so files were split and their module fixtures set up on both workers.) The longest files go
+# first, so neither worker is left with one of them at the end.
+LONGEST_FIRST = (
+    "tests/molt_train/test_selfplay_learning.py",  # ~8 min
+    "tests/test_benchmarks_smoke.py",  # ~7 min: every CPU bench's smoke, the chaos run among them
+    "tests/molt_train/test_foreign_env_learning.py",
+    "tests/molt_train/test_multinode.py",
+    "tests/molt_train/test_trainer_ray.py",
+    "tests/test_readme_commands.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):
-    for item in items:
+    def first(item: pytest.Item) -> int:
         path = item.nodeid.split("::")[0]
-        in_process = path.startswith(TRAINER_TESTS) and path.rsplit("/", 1)[-1] not in OWN_PROCESSES
-        item.add_marker(pytest.mark.xdist_group("trainer" if in_process else "rest"))
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=first)  # stable: every file keeps its own order
+    for item in items:
         reasons = " ".join(str(m.kwargs.get("reason", "")) for m in item.iter_markers() if m.name in ("skip", "skipif"))
         if item.nodeid.startswith("tests/sandboxes/") or "sandbox" in reasons or "isolation" in reasons:
             item.add_marker("isolation")
