@@ -17,7 +17,13 @@ from env_registry.errors import Error
 from env_registry.ids import parse_env_id
 from env_registry.registry import registry
 from env_registry.sources import for_scheme, sources
-from env_registry.validation.calibration import add_reference_flags, reference_argv, reference_of
+from env_registry.validation.calibration import (
+    add_reference_flags,
+    check_reference_flags,
+    given_reference_flags,
+    reference_argv,
+    reference_policy,
+)
 
 SERVER_EXTRA = {"fastapi", "uvicorn", "httpx", "multipart", "python_multipart", "build", "hatchling"}
 SERVER_EXTRA |= {"sqlalchemy", "alembic", "psycopg", "jinja2", "markdown_it", "nh3"}
@@ -196,6 +202,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from env_registry.hub.app import serve
     from env_registry.store.local import LocalRegistry
 
+    if not args.validate and given_reference_flags(args):
+        raise Error(
+            f"{', '.join(given_reference_flags(args))} set the publish gate's calibration, which runs only with "
+            "--validate: add --validate, or drop them"
+        )
+    check_reference_flags(args)  # a path that is no checkpoint fails before anything starts
     store = LocalRegistry(args.root, db=args.db)  # migrates the database before the server starts
     if args.mint_token:
         token_id, token = store.mint_token(args.mint_token)
@@ -206,18 +218,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"(hub: /, simple index: /simple/, JSON API: /api/, docs: /docs){' [private]' if args.private else ''}",
         flush=True,
     )
-    serve(
-        args.root,
-        args.host,
-        args.port,
-        private=args.private,
-        max_upload_bytes=int(args.max_upload_mb * 2**20),
-        db=args.db,
-        workers=args.workers,
-        validate=args.validate,
-        validate_timeout_s=args.validate_timeout,
-        gate_argv=reference_argv(args),
-    )
+    with reference_policy(args) as reference:  # a --reference-checkpoint is served until the server stops
+        if reference is not None and reference.checkpoint:
+            print(f"serving the reference checkpoint at {reference.endpoint} ({reference.label})", flush=True)
+        serve(
+            args.root,
+            args.host,
+            args.port,
+            private=args.private,
+            max_upload_bytes=int(args.max_upload_mb * 2**20),
+            db=args.db,
+            workers=args.workers,
+            validate=args.validate,
+            validate_timeout_s=args.validate_timeout,
+            gate_argv=reference_argv(reference),
+        )
     return 0
 
 
@@ -377,11 +392,37 @@ def cmd_yank(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from env_registry.validation import validate
 
-    report = validate(
-        args.target, registry=args.registry, token=args.token, timeout_s=args.timeout, reference=reference_of(args)
-    )
+    with reference_policy(args) as reference:
+        report = validate(
+            args.target, registry=args.registry, token=args.token, timeout_s=args.timeout, reference=reference
+        )
     print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
     return 0 if report.ok else 1
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    """The reference eval of another ecosystem's ID, stored in the registry for its hub card."""
+    from env_registry.store.local import LocalRegistry
+    from env_registry.validation.foreign import calibrate, check_foreign
+
+    if not args.reference_endpoint and not args.reference_checkpoint:
+        raise Error("calibrate needs a reference policy: --reference-endpoint URL or --reference-checkpoint PATH")
+    check_foreign(args.env_id)
+    check_reference_flags(args)
+    store = LocalRegistry(args.root, db=args.db)
+    try:
+        with reference_policy(args) as reference:
+            assert reference is not None
+            figures = calibrate(store, args.env_id, reference)
+    finally:
+        store.close()
+    passk = ", ".join(f"pass@{k}={v:.3f}" for k, v in enumerate(figures["pass_at_k"], 1) if v is not None)
+    print(
+        f"calibrated {args.env_id} by {figures['policy']}: {passk}, mean reward {figures['mean_reward']}"
+        f"{', ' + figures['badge'] if figures['badge'] else ''}; stored in {store.root} (its hub card: "
+        f"/envs/{args.env_id})"
+    )
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -478,6 +519,19 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--validate-timeout", type=float, default=600.0, help="wall-clock limit of each validation (s)")
     add_reference_flags(srv)
     srv.set_defaults(fn=cmd_serve)
+
+    cal = sub.add_parser(
+        "calibrate",
+        help="the reference eval of another ecosystem's ID (rg:products, ...), stored for its hub card",
+        description="Play an installed foreign ID (SCHEME:NAME) with a reference policy, as the publish gate plays a "
+        "published env, and store its difficulty figures in the registry: the hub's /envs/SCHEME:NAME card shows them. "
+        "The env runs in an env server of its own process, as foreign IDs always do.",
+    )
+    cal.add_argument("env_id", metavar="ID", help="another ecosystem's ID, e.g. rg:products")
+    cal.add_argument("--root", default=os.environ.get("MOLT_REGISTRY", "~/.molt/registry"))
+    db_arg(cal)
+    add_reference_flags(cal)
+    cal.set_defaults(fn=cmd_calibrate)
 
     tok = sub.add_parser("token", help="mint, list or revoke the publish tokens of a registry directory")
     tok.add_argument("action", choices=["mint", "list", "revoke"])

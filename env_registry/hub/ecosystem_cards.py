@@ -1,6 +1,8 @@
 """The hub's cards for other ecosystems' envs (``rg:countdown``, ``textarena:Wordle-v0``, ``gym:CartPole-v1``, ...):
 what the ``molt.sources`` installed on the server resolve, shown like a package's env (source ecosystem, upstream
-library and version, license, kind, datasets, sample prompts) and listed per scheme with each ID's availability.
+library and version, license, kind, datasets, sample prompts) and listed per scheme with each ID's availability. The
+page (``pages``) adds the ID's reference eval where the operator ran ``molt-env calibrate ID`` (read per request from
+the registry's store, ``env_registry.validation.foreign``; never cached here), drawn as a native card's.
 
 The hub fetches nothing for a card: an ``openenv:URL`` ID (a server somewhere) is refused, and so are kwargs (a card
 is for the ID as its ecosystem names it). A catalog and a card are computed once per server process and kept (they

@@ -39,6 +39,7 @@ from env_registry.ids import parse_env_id
 from env_registry.packages import names
 from env_registry.store.credentials import SESSION_SECONDS
 from env_registry.store.local import LocalRegistry, NotFound, PackageInfo, ReleaseInfo
+from env_registry.validation.foreign import foreign_calibration
 
 TEMPLATES = Path(__file__).with_name("templates")
 MAX_QUERY_CHARS = 200
@@ -171,9 +172,13 @@ def _card(package: PackageInfo) -> dict[str, Any]:
 def _calibration(report: dict[str, Any] | None, env_id: str) -> dict[str, Any] | None:
     """The env's reference-eval figures from the validation report, with its pass@k curve's SVG points (drawn by the
     template: no script)."""
+    return _figures(((report or {}).get("calibration") or {}).get(env_id))
+
+
+def _figures(figures: Any) -> dict[str, Any] | None:
+    """Stored reference-eval figures as ``_calibration.html`` draws them (None: none)."""
     from env_registry.validation.calibration import curve_points
 
-    figures = ((report or {}).get("calibration") or {}).get(env_id)
     if not isinstance(figures, dict):
         return None
     if figures.get("error"):
@@ -301,7 +306,15 @@ def hub_router() -> APIRouter:
                 )
             card = ecosystem_cards.card(env_id)
             scheme = env_id.partition(":")[0]
-            return render(request, "ecosystem_env.html", card=card, scheme=scheme, spec_hash=card["spec"].hash)
+            calibration = _figures(foreign_calibration(request.app.state.registry, env_id))
+            return render(
+                request,
+                "ecosystem_env.html",
+                card=card,
+                scheme=scheme,
+                spec_hash=card["spec"].hash,
+                calibration=calibration,
+            )
         registry, entry, package, providing, siblings = _env_entry(request, env_id)
         shown = _shown(package.model_copy(update={"releases": providing}), version or entry.latest)
         if shown is None:

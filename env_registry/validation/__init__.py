@@ -4,7 +4,8 @@
 ``report.ok`` is the verdict, ``report.to_json()`` its stored form.
 
 May import: ``store`` (the publish gate's states), ``packages``, ``evaluation`` (the reference eval of the difficulty
-calibration, ``calibration``) and the top of ``env_registry``; never ``hub``.
+calibration, ``calibration``), ``ecosystems`` (which IDs ``molt-env calibrate`` takes, ``foreign``) and the top of
+``env_registry``; never ``hub``.
 """
 
 from env_registry.validation.report import Check, ValidationReport

@@ -1,7 +1,9 @@
 """Difficulty calibration at publish: the publish gate's reference eval of each env of a package.
 
 The registry operator fixes a reference policy (``molt-env serve --validate --reference-endpoint URL
---reference-model-name NAME --reference-n N --reference-prompts P``): an OpenAI-compatible endpoint. After an env's
+--reference-model-name NAME --reference-n N --reference-prompts P``): an OpenAI-compatible endpoint, or a checkpoint
+(``--reference-checkpoint PATH``, served by the operator's process as ``molt-train serve``, see ``checkpoint``; the
+figures are then stamped with its path and content hash, not the endpoint's address). After an env's
 jailed checks all passed, the same jailed worker plays its first ``P`` prompts (of ``test``, else its first split) ``N``
 times each through ``env_registry.evaluation.evaluate`` (the very loop of ``molt-env eval``, with the same seeds), and
 reports pass@k for k = 1..N, the mean reward, a reward histogram, each prompt's passes and mean reward (by prompt
@@ -55,6 +57,7 @@ class Reference:
     prompts: int = 8
     max_new_tokens: int = 256
     timeout_s: float = 120.0
+    checkpoint: str = ""  # served from a checkpoint: "<path> sha256:<hex>" (``checkpoint.checkpoint_stamp``)
 
     def __post_init__(self) -> None:
         parts = urlsplit(self.endpoint)
@@ -65,7 +68,9 @@ class Reference:
 
     @property
     def label(self) -> str:
-        """What the card is stamped with."""
+        """What the card is stamped with: the checkpoint's path and hash, else the endpoint and model name."""
+        if self.checkpoint:
+            return f"checkpoint {self.checkpoint}"
         return f"{self.endpoint.rstrip('/')} model={self.model_name}"
 
     def address(self) -> tuple[str, int]:
@@ -326,32 +331,128 @@ def host_side(reference: Reference | None) -> Iterator[HostForwarder | None]:
         yield forwarder
 
 
-def add_reference_flags(parser: argparse.ArgumentParser) -> None:
-    """The reference policy's flags (``molt-env serve --validate`` passes them on to the gate)."""
-    parser.add_argument(
+def add_reference_flags(parser: argparse.ArgumentParser, gate: bool = False) -> None:
+    """The reference policy's flags (``molt-env serve --validate`` passes them on to the gate; ``gate``: the gate's
+    own parser, which also takes the stamp of a checkpoint its server serves)."""
+    policy = parser.add_mutually_exclusive_group()
+    policy.add_argument(
         "--reference-endpoint",
         metavar="URL",
         help="difficulty calibration: an OpenAI-compatible endpoint (e.g. http://127.0.0.1:8000/v1) that plays each "
         "env whose checks passed, in the jail; its pass@k etc. are stored with the release and shown on the card",
     )
-    parser.add_argument("--reference-model-name", default="default", help="the reference endpoint's model name")
-    parser.add_argument("--reference-n", type=int, default=4, help="reference samples per prompt (pass@1..n)")
-    parser.add_argument("--reference-prompts", type=int, default=8, help="prompts the reference policy plays")
-    parser.add_argument("--reference-max-new-tokens", type=int, default=256, help="the reference's max new tokens")
+    policy.add_argument(
+        "--reference-checkpoint",
+        metavar="PATH",
+        help="difficulty calibration by a Hugging Face checkpoint directory instead of an endpoint: this process "
+        "serves it (molt-train serve) while it runs; the figures are stamped with its path and content hash",
+    )
+    parser.add_argument("--reference-model-name", help="the reference endpoint's model name (default: default)")
+    parser.add_argument(
+        "--reference-n", type=int, help=f"reference samples per prompt (pass@1..n; default {DEFAULTS['n']})"
+    )
+    parser.add_argument(
+        "--reference-prompts", type=int, help=f"prompts the reference policy plays (default {DEFAULTS['prompts']})"
+    )
+    parser.add_argument(
+        "--reference-max-new-tokens",
+        type=int,
+        help=f"the reference's max new tokens (default {DEFAULTS['max_new_tokens']})",
+    )
+    if gate:
+        parser.add_argument("--reference-stamp", default="", help=argparse.SUPPRESS)  # a served checkpoint's
 
 
 REFERENCE_FLAGS = ("endpoint", "model_name", "n", "prompts", "max_new_tokens")
+DEFAULTS: dict[str, Any] = {"model_name": "default", "n": 4, "prompts": 8, "max_new_tokens": 256}
 
 
-def reference_of(args: argparse.Namespace) -> Reference | None:
-    """The reference policy the flags name (None without ``--reference-endpoint``)."""
-    if not args.reference_endpoint:
+def _flag(name: str) -> str:
+    return f"--reference-{name.replace('_', '-')}"
+
+
+def given_reference_flags(args: argparse.Namespace) -> list[str]:
+    """The reference flags given on the command line (a policy or its settings)."""
+    names = ("endpoint", "checkpoint", "model_name", "n", "prompts", "max_new_tokens")
+    return [_flag(name) for name in names if getattr(args, f"reference_{name}", None) is not None]
+
+
+def reference_of(args: argparse.Namespace, endpoint: str | None = None, stamp: str = "") -> Reference | None:
+    """The reference policy the flags name (None without ``--reference-endpoint`` or ``--reference-checkpoint``).
+
+    Args:
+        args: the parsed flags.
+        endpoint: the URL a served ``--reference-checkpoint`` answers at (``reference_policy`` passes it).
+        stamp: that checkpoint's stamp (``checkpoint.checkpoint_stamp``).
+
+    Raises:
+        Error: both policies, a setting without a policy (it would have no effect), ``--reference-model-name``
+            with a checkpoint (its server serves any name), or a bad value; the message names the flag.
+    """
+    endpoint = endpoint or args.reference_endpoint
+    checkpoint = getattr(args, "reference_checkpoint", None)
+    stamp = stamp or getattr(args, "reference_stamp", "")
+    if args.reference_endpoint and checkpoint:
+        raise Error("give --reference-endpoint URL or --reference-checkpoint PATH, not both")
+    if not endpoint and not checkpoint:
+        settings = given_reference_flags(args)
+        if settings:
+            raise Error(
+                f"{', '.join(settings)} set the reference policy's eval, but no policy is given: add "
+                "--reference-endpoint URL or --reference-checkpoint PATH, or drop them"
+            )
         return None
-    return Reference(**{name: getattr(args, f"reference_{name}") for name in REFERENCE_FLAGS})
+    if (checkpoint or stamp) and args.reference_model_name is not None:
+        raise Error(
+            f"--reference-model-name {args.reference_model_name!r} has no effect with a checkpoint (its server "
+            "answers any model name); drop it"
+        )
+    if checkpoint and not endpoint:
+        raise Error(f"--reference-checkpoint {checkpoint!r} is not served yet (reference_policy serves it)")
+    given = {name: getattr(args, f"reference_{name}") for name in REFERENCE_FLAGS if name != "endpoint"}
+    values = {name: DEFAULTS[name] if value is None else value for name, value in given.items()}
+    return Reference(endpoint=endpoint, checkpoint=stamp, **values)
 
 
-def reference_argv(args: argparse.Namespace) -> list[str]:
-    """The flags again, for the gate's command line."""
-    if not args.reference_endpoint:
+def check_reference_flags(args: argparse.Namespace) -> str:
+    """Check the reference flags before anything starts; returns a ``--reference-checkpoint``'s stamp (else "").
+
+    Raises:
+        Error: as ``reference_of``, or the checkpoint path is no Hugging Face checkpoint (naming it).
+    """
+    checkpoint = getattr(args, "reference_checkpoint", None)
+    if not checkpoint or args.reference_endpoint:
+        reference_of(args)
+        return ""
+    from env_registry.validation.checkpoint import checkpoint_stamp
+
+    stamp = checkpoint_stamp(checkpoint)
+    reference_of(args, "http://127.0.0.1/v1", stamp)
+    return stamp
+
+
+@contextlib.contextmanager
+def reference_policy(args: argparse.Namespace) -> Iterator[Reference | None]:
+    """The reference policy of the flags while the block runs: with ``--reference-checkpoint``, this process serves
+    the checkpoint (``checkpoint.ServedCheckpoint``) and stops it when the block ends. Bad flags, a path that is no
+    checkpoint, or one that does not load are an ``Error`` naming them, before the block starts."""
+    stamp = check_reference_flags(args)
+    if not stamp:
+        yield reference_of(args)
+        return
+    from env_registry.validation.checkpoint import ServedCheckpoint
+
+    max_new_tokens = args.reference_max_new_tokens or DEFAULTS["max_new_tokens"]
+    with ServedCheckpoint(args.reference_checkpoint, max_new_tokens, stamp=stamp) as served:
+        yield reference_of(args, served.url, served.stamp)
+
+
+def reference_argv(reference: Reference | None) -> list[str]:
+    """A reference policy as flags again, for the gate's command line (a served checkpoint as its URL and stamp)."""
+    if reference is None:
         return []
-    return [f"--reference-{name.replace('_', '-')}={getattr(args, f'reference_{name}')}" for name in REFERENCE_FLAGS]
+    argv = [f"{_flag(name)}={getattr(reference, name)}" for name in REFERENCE_FLAGS]
+    if reference.checkpoint:
+        argv = [a for a in argv if not a.startswith("--reference-model-name=")]
+        argv.append(f"--reference-stamp={reference.checkpoint}")
+    return argv

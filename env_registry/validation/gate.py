@@ -10,7 +10,8 @@ may share one database (replicas, each ``--validate``): each release is claimed 
 (``ValidationStates.claim_validation``), whose claim is renewed every ``lease / 3`` while it validates, so a release
 is validated once however many gates see it pending. The gate exits when its stdin closes (the server
 that started it is gone), taking its pip and jail children with it. With ``--reference-endpoint`` (the operator's
-reference policy), each env whose checks passed is also played by it in the jail, and the report's ``calibration``
+reference policy; a ``--reference-checkpoint`` is served by ``molt-env serve`` itself and reaches the gate as its URL
+and ``--reference-stamp``, the path and content hash the figures are stamped with), each env whose checks passed is also played by it in the jail, and the report's ``calibration``
 holds its difficulty figures (``env_registry.validation.calibration``).
 """
 
@@ -129,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--db", help="the registry database URL (default: the SQLite file in --root)")
     parser.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of each package's checks (s)")
     parser.add_argument("--lease", type=float, default=LEASE_S, help="seconds before a dead gate's claim is taken over")
-    add_reference_flags(parser)
+    add_reference_flags(parser, gate=True)
     args = parser.parse_args(argv)
     reference = reference_of(args)
     registry = LocalRegistry(args.root, label="this registry", db=args.db)
