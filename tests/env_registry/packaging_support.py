@@ -103,8 +103,9 @@ class Server:
             self.process.kill()
 
 
-def start_server(root: Path, *extra: str) -> Server:
-    """``molt-env serve`` on a free loopback port, with a freshly minted publish token for publisher 'acme'."""
+def start_server(root: Path, *extra: str, deadline_s: float = 30) -> Server:
+    """``molt-env serve`` on a free loopback port, with a freshly minted publish token for publisher 'acme'
+    (``deadline_s``: how long it may take to answer, e.g. while it loads a reference checkpoint first)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -117,7 +118,7 @@ def start_server(root: Path, *extra: str) -> Server:
             text=True,
         )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline and process.poll() is None:
         match = re.search(r"\(shown once\): (\S+)", log.read_text())
         try:

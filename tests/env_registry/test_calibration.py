@@ -7,6 +7,8 @@ with a badge for an env the reference policy always solves."""
 from __future__ import annotations
 
 import json
+import math
+import re
 import threading
 import time
 import zipfile
@@ -17,16 +19,28 @@ from eval_support import molt_env
 from packaging_support import run_cli, start_server
 
 from env_registry.validation.calibration import Reference, calibration_of, curve_points, sanitize
+from env_registry.validation.checkpoint import checkpoint_stamp
 
 N, PROMPTS = 4, 3
 
 
 def scripted_answer(prompt: str, n: int) -> list[str]:
     """Of ``n`` choices, the first ``len(text) % 3`` repeat the text (the rest do not); a prompt of the 'solved' env
-    gets the text every time. Deterministic, so an eval and the gate's reference eval see the same replies."""
+    gets the text every time; reasoning-gym's products (``rg:products``) get the right product in the first
+    ``products_right`` choices. Deterministic, so an eval and the gate's reference eval see the same replies."""
+    product = re.match(r"Solve the following multiplication: ([\d *]+)\.", prompt)
+    if product:
+        value = math.prod(int(x) for x in product[1].split("*"))
+        right = products_right(product[1], n)
+        return [f"<answer>{value if i < right else value + 1}</answer>" for i in range(n)]
     head, _, text = prompt.partition("\n")
     right = n if head.startswith("Echo this") else len(text) % 3
     return [text if i < right else f"not {text}" for i in range(n)]
+
+
+def products_right(expression: str, n: int) -> int:
+    """How many of ``n`` choices the scripted endpoint answers right for a product: the first factor's digits - 1."""
+    return min(n, len(expression.split("*")[0].strip()) - 1)
 
 
 @pytest.fixture(scope="module")
@@ -204,3 +218,124 @@ def test_badges_and_a_hostile_calibration_are_bounded():
     assert sanitize({"n": "many"}) is None and sanitize([1]) is None
     with pytest.raises(Exception, match="must be an http:// URL"):
         Reference("file:///etc/passwd")
+
+
+def _pass_at_k(passes: list[int], n: int) -> list[float]:
+    """The unbiased pass@k estimator for k = 1..n, averaged over prompts (what ``molt-env eval`` reports)."""
+    return [sum(1 - math.comb(n - c, k) / math.comb(n, k) for c in passes) / len(passes) for k in range(1, n + 1)]
+
+
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_foreign_id_calibrated_by_the_operator(backend, endpoint, tmp_path):
+    """``molt-env calibrate rg:products`` stores the reference eval under the ID; its hub card (cached before) then
+    shows the curve, figures and stamp as a native card does, and says so when the installed spec moved on."""
+    import env_registry
+    from env_registry.datasets import load_split
+
+    server = start_server(tmp_path / "registry")
+    try:
+        card = httpx.get(f"{server.url}/envs/rg:products", timeout=60)
+        assert card.status_code == 200 and "Not calibrated" in card.text and '<svg class="passk"' not in card.text
+        done = run_cli(
+            "calibrate", "rg:products", "--root", str(server.root), "--reference-endpoint", endpoint,
+            "--reference-model-name", "scripted", "--reference-n", str(N), "--reference-prompts", str(PROMPTS),
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        stored = json.loads((server.root / "calibrations" / "rg%3Aproducts.json").read_text())
+        spec = env_registry.spec("rg:products")
+        rows = load_split(spec, "test", PROMPTS)
+        expressions = [re.search(r"multiplication: ([\d *]+)\.", r["prompt"][-1]["content"])[1] for r in rows]
+        passes = [products_right(e, N) for e in expressions]
+        assert len(set(passes)) > 1  # the rows give a curve, not a constant
+        assert stored["env_id"] == "rg:products" and stored["policy"] == f"{endpoint} model=scripted"
+        assert stored["passes_per_prompt"] == passes and stored["spec_hash"] == spec.hash
+        assert stored["pass_at_k"] == pytest.approx(_pass_at_k(passes, N))
+        assert stored["num_samples"] == N * PROMPTS and stored["failures"] == {} and stored["split"] == "test"
+
+        card = httpx.get(f"{server.url}/envs/rg:products", timeout=60)
+        assert card.headers.get("x-cache") == "miss"  # the store's write advanced the stamp: re-rendered
+        text = card.text
+        assert "How hard it is" in text and '<svg class="passk"' in text and "Not calibrated" not in text
+        for x, y in curve_points(stored["pass_at_k"]):
+            assert f'cx="{x}" cy="{y}"' in text
+        assert f"{endpoint} model=scripted" in text and "Seconds per episode" in text and "<script" not in text
+        assert "reasoning-gym" in text.split('class="stamp"')[1] and "Calibrated against spec hash" not in text
+
+        from env_registry.store.local import LocalRegistry
+        from env_registry.validation.foreign import store_calibration
+
+        store = LocalRegistry(server.root)
+        store_calibration(store, "rg:products", {**stored, "spec_hash": "0000000000000000"})  # as if upstream moved
+        store.close()
+        text = httpx.get(f"{server.url}/envs/rg:products", timeout=60).text
+        assert "Calibrated against spec hash <code>0000000000000000</code>" in text
+
+        refused = run_cli("calibrate", "cal/echo-v1", "--root", str(server.root), "--reference-endpoint", endpoint)
+        assert refused.returncode == 2 and "'cal/echo-v1' is not another ecosystem's ID" in refused.stderr
+    finally:
+        server.stop()
+
+
+def test_reference_flags_are_checked_before_anything_starts(tmp_path, capsys):
+    from env_registry.cli import main
+
+    root = str(tmp_path / "registry")
+    assert main(["serve", "--root", root, "--validate", "--reference-checkpoint", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert f"--reference-checkpoint {str(tmp_path)!r} is no Hugging Face checkpoint" in err
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "serve",
+                "--root",
+                root,
+                "--validate",
+                "--reference-checkpoint",
+                root,
+                "--reference-endpoint",
+                "http://x/v1",
+            ]
+        )
+    assert "--reference-endpoint: not allowed with argument --reference-checkpoint" in capsys.readouterr().err
+    assert main(["serve", "--root", root, "--reference-endpoint", "http://127.0.0.1:9/v1"]) == 2
+    assert "runs only with --validate" in capsys.readouterr().err
+    assert main(["validate", str(tmp_path), "--reference-n", "2"]) == 2
+    assert "--reference-n set the reference policy's eval, but no policy is given" in capsys.readouterr().err
+    assert not (tmp_path / "registry").exists()  # nothing started
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text('{"model_type": "llama"}')
+    with pytest.raises(Exception, match="holds no weights"):
+        checkpoint_stamp(tmp_path / "ckpt")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", ["sqlite"], indirect=True)
+def test_a_checkpoint_as_the_reference_policy(backend, tmp_path, tiny_model, tiny_tokenizer):
+    """``--reference-checkpoint``: the server serves a tiny checkpoint itself (molt-train serve), the gate calibrates
+    through it, the figures and the card are stamped with its path and content hash, and it stops with the server."""
+    from molt_train.models.tiny import save_tiny
+
+    checkpoint = save_tiny(tiny_model, tiny_tokenizer, tmp_path / "tiny")
+    stamp = checkpoint_stamp(checkpoint)
+    server = start_server(
+        tmp_path / "registry", "--validate", "--validate-timeout", "300", "--reference-checkpoint", str(checkpoint),
+        "--reference-n", "2", "--reference-prompts", "2", "--reference-max-new-tokens", "4", deadline_s=240,
+    )  # fmt: skip
+    try:
+        served = re.search(r"serving the reference checkpoint at (\S+) ", (tmp_path / "registry-serve.log").read_text())
+        assert served and httpx.get(served[1].removesuffix("/v1") + "/health").json()["status"] == "ok"
+        registry = ["--registry", server.url, "--token", server.token]
+        published = run_cli("publish", str(_package(tmp_path, "echo", False)), *registry, "--wait", "600")
+        assert published.returncode == 0, published.stdout + published.stderr
+        got = httpx.get(f"{server.url}/api/packages/cal-echo/0.1.0/validation").json()
+        figures = got["report"]["calibration"]["cal/echo-v1"]
+        assert figures["policy"] == f"checkpoint {stamp}" and str(checkpoint.resolve()) in stamp
+        assert figures["num_samples"] == 4 and figures["failures"] == {} and figures["completion_tokens_mean"] > 0
+        card = httpx.get(f"{server.url}/envs/cal/echo-v1").text
+        assert f"checkpoint {stamp}" in card and '<svg class="passk"' in card
+    finally:
+        server.stop()
+    with pytest.raises(httpx.HTTPError):  # the served checkpoint stopped with the server
+        httpx.get(served[1].removesuffix("/v1") + "/health", timeout=5)
+    (checkpoint / "config.json").write_text((checkpoint / "config.json").read_text() + " ")
+    assert checkpoint_stamp(checkpoint) != stamp  # the stamp is the content's, not the name's
