@@ -28,7 +28,7 @@ $(HARNESSES): Makefile
 harnesses: $(HARNESSES)
 
 test: machine lint $(HARNESSES)
-	$(PY) -m pytest -q -n 2 --dist loadfile --durations=20
+	$(PY) -m pytest -q -n 2 --dist load --durations=20
 
 # system packages and services the tests need (bubblewrap, a Docker engine, ...): .ci/setup-machine.sh
 machine:
