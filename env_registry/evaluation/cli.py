@@ -105,6 +105,8 @@ def _eval(args: argparse.Namespace) -> int:
 
         summary = run_async(reverify(args.reverify, args.concurrency, [*args.env_ids, *args.env]))
         print(f"re-graded {summary['num_samples']} samples ({summary['reverified_changed']} rewards changed)")
+        if summary["reverified_changed"]:
+            print(f"see them with `molt-env view {args.reverify}`: reverify_diff.json gives each one's /episodes/<n>")
         _print_headline(summary)
         print(f"wrote {os.path.join(args.reverify, 'summary.reverified.json')} and reverify_diff.json")
         return 0

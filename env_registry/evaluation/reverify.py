@@ -102,8 +102,14 @@ async def reverify(root: str | Path, concurrency: int = 16, env_ids: list[str] |
 
         await close_session_servers()
     store.rewrite(regraded, "samples.reverified.jsonl")
+    # where `molt-env view ROOT` (and the hub's copy of an uploaded eval) shows each episode: /episodes/<n>, in the
+    # viewer's order (the summary's envs first, then prompt and sample)
+    rank = {e: i for i, e in enumerate(old.get("envs") or {})}
+    order = sorted(records, key=lambda r: (rank.get(r["env_id"], len(rank)), *key_of(r)))
+    position = {key_of(r): n for n, r in enumerate(order)}
     changed = [
         {
+            "episode": f"/episodes/{position[key_of(old_)]}",
             "env_id": new["env_id"],
             "prompt_id": new["prompt_id"],
             "sample": new["sample"],

@@ -130,6 +130,12 @@ def test_mix_of_env_and_chat_agent_against_the_endpoint(endpoint, tmp_path, caps
     assert {(c["env_id"], c["prompt_id"], c["sample"]) for c in diff["changed"]} == odd and odd
     assert all(c["delta"] in (-1.0, 1.0) and c["spec_hash"][0] != c["spec_hash"][1] for c in diff["changed"])
     assert diff["replaced"] == {"test/coin-v1": "eval_envs:test/coin-v2"} and f"{len(odd)} rewards changed" in out_
+    from env_registry.hub.viewer import load
+
+    index, _ = load(out)  # each changed episode's link opens that episode in the viewer
+    for c in diff["changed"]:
+        shown = index.record(int(c["episode"].removeprefix("/episodes/")))
+        assert (shown["env_id"], shown["prompt_id"], shown["sample"]) == (c["env_id"], c["prompt_id"], c["sample"])
     rc, _, err = eval_here(capsys, "--reverify", str(out), "eval_envs:test/tool-v1")
     assert (
         rc == 2 and "'eval_envs:test/tool-v1' replaces none of the eval's envs (test/coin-v1, test/chat-coin-v1)" in err
