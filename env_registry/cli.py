@@ -207,7 +207,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             f"{', '.join(given_reference_flags(args))} set the publish gate's calibration, which runs only with "
             "--validate: add --validate, or drop them"
         )
-    check_reference_flags(args)  # a path that is no checkpoint fails before anything starts
+    stamp = check_reference_flags(args)  # a path that is no checkpoint fails before anything starts
     store = LocalRegistry(args.root, db=args.db)  # migrates the database before the server starts
     if args.mint_token:
         token_id, token = store.mint_token(args.mint_token)
@@ -218,7 +218,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         f"(hub: /, simple index: /simple/, JSON API: /api/, docs: /docs){' [private]' if args.private else ''}",
         flush=True,
     )
-    with reference_policy(args) as reference:  # a --reference-checkpoint is served until the server stops
+    with reference_policy(args, stamp) as reference:  # a --reference-checkpoint is served until the server stops
         if reference is not None and reference.checkpoint:
             print(f"serving the reference checkpoint at {reference.endpoint} ({reference.label})", flush=True)
         serve(
@@ -389,42 +389,6 @@ def cmd_yank(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_validate(args: argparse.Namespace) -> int:
-    from env_registry.validation import validate
-
-    with reference_policy(args) as reference:
-        report = validate(
-            args.target, registry=args.registry, token=args.token, timeout_s=args.timeout, reference=reference
-        )
-    print(json.dumps(report.to_json(), indent=2) if args.json else report.render())
-    return 0 if report.ok else 1
-
-
-def cmd_calibrate(args: argparse.Namespace) -> int:
-    """The reference eval of another ecosystem's ID, stored in the registry for its hub card."""
-    from env_registry.store.local import LocalRegistry
-    from env_registry.validation.foreign import calibrate, check_foreign
-
-    if not args.reference_endpoint and not args.reference_checkpoint:
-        raise Error("calibrate needs a reference policy: --reference-endpoint URL or --reference-checkpoint PATH")
-    check_foreign(args.env_id)
-    check_reference_flags(args)
-    store = LocalRegistry(args.root, db=args.db)
-    try:
-        with reference_policy(args) as reference:
-            assert reference is not None
-            figures = calibrate(store, args.env_id, reference)
-    finally:
-        store.close()
-    passk = ", ".join(f"pass@{k}={v:.3f}" for k, v in enumerate(figures["pass_at_k"], 1) if v is not None)
-    print(
-        f"calibrated {args.env_id} by {figures['policy']}: {passk}, mean reward {figures['mean_reward']}"
-        f"{', ' + figures['badge'] if figures['badge'] else ''}; stored in {store.root} (its hub card: "
-        f"/envs/{args.env_id})"
-    )
-    return 0
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="molt-env", description="Versioned LLM-agent environments.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -520,19 +484,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_reference_flags(srv)
     srv.set_defaults(fn=cmd_serve)
 
-    cal = sub.add_parser(
-        "calibrate",
-        help="the reference eval of another ecosystem's ID (rg:products, ...), stored for its hub card",
-        description="Play an installed foreign ID (SCHEME:NAME) with a reference policy, as the publish gate plays a "
-        "published env, and store its difficulty figures in the registry: the hub's /envs/SCHEME:NAME card shows them. "
-        "The env runs in an env server of its own process, as foreign IDs always do.",
-    )
-    cal.add_argument("env_id", metavar="ID", help="another ecosystem's ID, e.g. rg:products")
-    cal.add_argument("--root", default=os.environ.get("MOLT_REGISTRY", "~/.molt/registry"))
-    db_arg(cal)
-    add_reference_flags(cal)
-    cal.set_defaults(fn=cmd_calibrate)
-
     tok = sub.add_parser("token", help="mint, list or revoke the publish tokens of a registry directory")
     tok.add_argument("action", choices=["mint", "list", "revoke"])
     tok.add_argument("id", nargs="?", type=int, help="token id (revoke)")
@@ -615,16 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
     vie.add_argument("--port", type=int, default=8200, help="port on 127.0.0.1 (default 8200; 0: a free one)")
     vie.set_defaults(fn=cmd_view)
 
-    val = sub.add_parser(
-        "validate",
-        help="install a package into a fresh venv and check it inside the sandbox jail; exit 1 if unsound",
-    )
-    val.add_argument("target", help="a package source directory, a .whl file, or an env ID (ns/name-vN[@version])")
-    registry_args(val)
-    val.add_argument("--timeout", type=float, default=600.0, help="wall-clock limit of the jailed checks (s)")
-    val.add_argument("--json", action="store_true", help="print the report as JSON")
-    add_reference_flags(val)
-    val.set_defaults(fn=cmd_validate)
+    from env_registry.validation import cli as validation_cli
+
+    validation_cli.add_parsers(sub, registry_args, db_arg)
     return parser
 
 

@@ -22,11 +22,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import logging
 import os
 import pickle
 import time
-from collections.abc import AsyncIterator, Awaitable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +34,7 @@ import torch
 from molt_envs import SamplingParams, Trajectory, load_agent_runner
 from molt_envs.vision import text_tokenizer
 from molt_train.data import MixSampler, env_mix, load_eval_rows
+from molt_train.deadline import within_deadline
 from molt_train.engines.hf import HFEngine
 from molt_train.env_server_actors import serve_here
 from molt_train.experience import as_trajectories, drop_reason, estimator_group
@@ -473,44 +473,6 @@ class RolloutWorker:
         await close_session_servers()  # the ChatAgents' session servers (their unix sockets' directories)
         await asyncio.to_thread(stop_managed_servers)  # foreign envs' servers started in this process, and their logs
         await asyncio.to_thread(sandboxes.shutdown)  # jails, their cgroups and scratch dirs
-
-
-CLEANUP_GRACE_S = 30.0  # how long an episode cancelled at its deadline gets to release what it holds
-
-
-async def within_deadline(episode: Awaitable[Any], timeout_s: float, cleanup_grace_s: float = CLEANUP_GRACE_S) -> Any:
-    """``episode``'s result if it ends within ``timeout_s`` (``--rollout.timeout_s``): the one deadline of everything
-    done on its behalf. At the deadline the episode is cancelled; its ``finally`` and ``async with`` blocks release
-    what it holds (a persistent sandbox session's jail is killed and its slot freed, the env closed, temp dirs
-    removed, harness processes killed), for up to ``cleanup_grace_s`` more, and TimeoutError is raised, even when the
-    episode swallowed the cancellation and returned. A cleanup still running after the grace goes on in the
-    background (logged) rather than holding up the batch. Cancelling the caller cancels the episode the same way.
-
-    Raises:
-        TimeoutError: the episode ran past its deadline.
-    """
-    task = asyncio.ensure_future(episode)
-    try:
-        done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    except asyncio.CancelledError:
-        task.cancel()
-        await asyncio.wait({task}, timeout=cleanup_grace_s)
-        raise
-    if done:
-        return task.result()
-    task.cancel()
-    done, _ = await asyncio.wait({task}, timeout=cleanup_grace_s)
-    if not done:
-        logging.getLogger(__name__).warning(
-            "an episode cancelled at its %g s deadline is still cleaning up after %g s more", timeout_s, cleanup_grace_s
-        )
-    task.add_done_callback(_retrieve)  # a late result or failure is still a timeout; never "never retrieved"
-    raise TimeoutError(f"the episode ran past its {timeout_s:g} s deadline")
-
-
-def _retrieve(task: asyncio.Future) -> None:
-    if not task.cancelled():
-        task.exception()
 
 
 def compare_weights(params: dict[str, torch.Tensor], trainer: dict[str, torch.Tensor]) -> list[str]:

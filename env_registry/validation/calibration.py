@@ -432,11 +432,13 @@ def check_reference_flags(args: argparse.Namespace) -> str:
 
 
 @contextlib.contextmanager
-def reference_policy(args: argparse.Namespace) -> Iterator[Reference | None]:
+def reference_policy(args: argparse.Namespace, stamp: str | None = None) -> Iterator[Reference | None]:
     """The reference policy of the flags while the block runs: with ``--reference-checkpoint``, this process serves
     the checkpoint (``checkpoint.ServedCheckpoint``) and stops it when the block ends. Bad flags, a path that is no
-    checkpoint, or one that does not load are an ``Error`` naming them, before the block starts."""
-    stamp = check_reference_flags(args)
+    checkpoint, or one that does not load are an ``Error`` naming them, before the block starts. ``stamp``: what
+    ``check_reference_flags(args)`` returned, where the caller checked first (the checkpoint is hashed once)."""
+    if stamp is None:
+        stamp = check_reference_flags(args)
     if not stamp:
         yield reference_of(args)
         return
