@@ -39,6 +39,8 @@ import sys
 import time
 from pathlib import Path
 
+T_START = time.perf_counter()  # the run's wall time counts from here (imports included): the time to a first step
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from shapes import random_prompts, record  # noqa: E402
 
@@ -152,7 +154,12 @@ async def main_async(args: argparse.Namespace) -> None:
         "16384",
         "--vllm.num_engines",
         str(args.engines),
+        *([] if args.vllm_compile else ["--no-vllm.compile"]),
     )
+    if args.dynamic_first:  # compile every shape symbolic from the first call (no static compile, then a dynamic one)
+        import torch._dynamo
+
+        torch._dynamo.config.assume_static_by_default = False
     t0 = time.perf_counter()
     engine = VLLMEngine(args.model, cfg.vllm, seed=cfg.train.seed)
     t_engine = time.perf_counter() - t0
@@ -170,7 +177,7 @@ async def main_async(args: argparse.Namespace) -> None:
     matmul_params = count_matmul_params(worker)
     print(
         f"engine {t_engine:.1f}s, policy loaded {time.perf_counter() - t0:.1f}s; matmul params "
-        f"{matmul_params / 1e6:.0f}M",
+        f"{matmul_params / 1e6:.0f}M; {time.perf_counter() - T_START:.1f}s since start",
         flush=True,
     )
 
@@ -187,8 +194,9 @@ async def main_async(args: argparse.Namespace) -> None:
         finally:
             worker.release_shared()
 
-    initial = await sync(check=True)
-    print(f"before training: {len(initial)} vLLM params differ from the policy's {initial[:3]}", flush=True)
+    if args.check:
+        initial = await sync(check=True)
+        print(f"before training: {len(initial)} vLLM params differ from the policy's {initial[:3]}", flush=True)
 
     prompts = random_prompts(args.prompts, args.prompt_len, model_cfg.vocab_size, seed=1)
     rows = [(i, j) for i in range(args.prompts) for j in range(args.samples)]
@@ -252,7 +260,8 @@ async def main_async(args: argparse.Namespace) -> None:
         s4 = time.perf_counter()
         last = dict(engine.last_sync)
 
-        stale = await sync(check=True)
+        since_start = time.perf_counter() - T_START
+        stale = await sync(check=True) if args.check else []
         if args.no_recompute:  # train_step's token-weighted sums of the metrics its loss computed
             mismatch = {k: v / num_tokens for k, v in out["weighted"].items() if k.startswith("mismatch/")}
         else:
@@ -278,6 +287,7 @@ async def main_async(args: argparse.Namespace) -> None:
             "engines": args.engines,
             "recompute": not args.no_recompute,
             "step_s": s4 - s0,
+            "since_start_s": since_start,
             "generation_s": generation_s,
             "logprob_s": s2 - s1,
             "training_s": s3 - s2,
@@ -307,7 +317,8 @@ async def main_async(args: argparse.Namespace) -> None:
             f"{result['weight_sync_s']:.3f} "
             f"(wait {last['wait_s']:.4f}, copy {last['copy_s']:.4f}); MFU {result['training_mfu']:.1%}; "
             f"stale {len(stale)}; bitwise_frac {mismatch['mismatch/bitwise_frac']:.3f} "
-            f"abs_diff {mismatch['mismatch/abs_diff_mean']:.4f} k3 {mismatch['mismatch/k3_kl']:.2e}",
+            f"abs_diff {mismatch['mismatch/abs_diff_mean']:.4f} k3 {mismatch['mismatch/k3_kl']:.2e}; "
+            f"{since_start:.1f}s since start",
             flush=True,
         )
 
@@ -338,6 +349,23 @@ def main() -> None:
         "--overlap",
         action="store_true",
         help="generate step k+1 while step k trains, the trainer's --no-train.force_sync_mode",
+    )
+    parser.add_argument(
+        "--no-vllm-compile",
+        dest="vllm_compile",
+        action="store_false",
+        help="--no-vllm.compile: full decode CUDA graphs, no torch.compile in vLLM (a faster start)",
+    )
+    parser.add_argument(
+        "--dynamic-first",
+        action="store_true",
+        help="the policy's compiled layers take symbolic shapes from the first call (one compile, not two)",
+    )
+    parser.add_argument(
+        "--no-check",
+        dest="check",
+        action="store_false",
+        help="skip the bench's own checks (vLLM's weights against the policy's after every sync): a run's wall time",
     )
     asyncio.run(main_async(parser.parse_args()))
 

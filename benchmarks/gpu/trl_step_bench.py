@@ -48,6 +48,8 @@ import traceback
 from collections import defaultdict
 from pathlib import Path
 
+T_START = time.perf_counter()  # the run's wall time counts from here (imports included): the time to a first step
+
 # Before any Hugging Face / vLLM import: no hub, no telemetry ping, one visible GPU.
 for _key, _value in {
     "HF_HUB_OFFLINE": "1",
@@ -213,6 +215,7 @@ def run(args: argparse.Namespace, model_dir: str, out_dir: str) -> dict:
                 "training_tflops": train_flops / training_s / 1e12,
                 "training_mfu": train_flops / training_s / PEAK_FLOPS,
                 "peak_mem_gib": torch.cuda.max_memory_allocated() / 2**30 if cuda else 0.0,
+                "since_start_s": time.perf_counter() - T_START,
             }
             row["generation_tok_per_s"] = gen_tokens / row["generation_s"] if row["generation_s"] > 0 else 0.0
             steps.append(row)
@@ -220,7 +223,7 @@ def run(args: argparse.Namespace, model_dir: str, out_dir: str) -> dict:
                 f"step {row['step']}: {step_s:.2f}s = rollout {row['rollout_s']:.2f} (sync "
                 f"{row['weight_sync_s']:.3f}, gen {row['generation_s']:.2f}, logprob {row['logprob_s']:.2f}) + train "
                 f"{training_s:.2f}; {gen_tokens} new tokens, {row['generation_tok_per_s']:.0f} tok/s; "
-                f"MFU {row['training_mfu']:.1%}; peak {row['peak_mem_gib']:.1f} GiB",
+                f"MFU {row['training_mfu']:.1%}; peak {row['peak_mem_gib']:.1f} GiB; {row['since_start_s']:.1f}s since start",
                 flush=True,
             )
 
@@ -238,7 +241,7 @@ def run(args: argparse.Namespace, model_dir: str, out_dir: str) -> dict:
     if cfg.tie_word_embeddings:
         matmul_params += policy.get_input_embeddings().weight.numel()  # the tied lm_head is a matmul
     print(
-        f"GRPOTrainer ready in {init_s:.1f}s (vLLM {'colocated' if cuda else 'off'}); policy "
+        f"GRPOTrainer ready in {init_s:.1f}s ({time.perf_counter() - T_START:.1f}s since start; vLLM {'colocated' if cuda else 'off'}); policy "
         f"{next(policy.parameters()).dtype} on {next(policy.parameters()).device}; {n} sequences per step in "
         f"{accumulation} micro-batches of {args.micro_rows}",
         flush=True,
@@ -271,6 +274,7 @@ def run(args: argparse.Namespace, model_dir: str, out_dir: str) -> dict:
     result["trl_logs"] = [s.get("trl", {}) for s in steps]
     result.update(
         init_s=init_s,
+        ready_since_start_s=t0 - T_START + init_s,
         versions=versions,
         matmul_params=matmul_params,
         settings={k: v for k, v in settings.items() if k != "use_cpu"}

@@ -42,6 +42,11 @@ class VLLMConfig:
     )
     gpu_memory_utilization: float = option(0.35, "fraction of GPU memory vLLM takes (weights + KV cache)")
     enforce_eager: bool = option(False, "no CUDA graphs / torch.compile (faster start, slower decode)")
+    compile: bool = option(
+        True,
+        "torch.compile the engine's model and capture piecewise + full CUDA graphs (vLLM's default); "
+        "--no-vllm.compile: full CUDA graphs of decode batches only, no compilation (a faster start, eager prefill)",
+    )
     enable_prefix_caching: bool = option(False, "reuse KV of shared prefixes (reset at every weight sync)")
     max_num_batched_tokens: int | None = option(None, "scheduler token budget per step", minimum=1)
     max_num_seqs: int | None = option(None, "sequences decoded together at most", minimum=1)

@@ -110,6 +110,14 @@ RULES: tuple[Inert, ...] = (
         "add --rollout.engine vllm (a CUDA GPU and vLLM)",
     ),
     Inert(
+        ("vllm.compile",),
+        RL,
+        lambda c: c.vllm.enforce_eager,
+        "--vllm.enforce_eager already turns off both compilation and CUDA graphs",
+        "drop --vllm.enforce_eager (full decode graphs without compilation), or drop it",
+        example=("--rollout.engine", "vllm", "--vllm.enforce_eager"),
+    ),
+    Inert(
         ("rollout.max_batch_size",),
         RL,
         lambda c: c.rollout.engine == "vllm" and not c.judge.model_name_or_path,

@@ -88,9 +88,16 @@ def engine_kwargs(options: VLLMConfig, model: str, seed: int = 0) -> dict[str, A
     for name in ("max_num_batched_tokens", "max_num_seqs", "max_model_len"):
         if getattr(options, name) is not None:
             kwargs[name] = getattr(options, name)
+    compilation: dict[str, Any] = {}
+    if not options.compile and not options.enforce_eager:
+        # vLLM's Dynamo + Inductor compile and its piecewise graphs take most of a cold start; full CUDA graphs need
+        # neither (FlashAttention 3 replays whole decode steps), and decode is where a rollout spends its time
+        compilation = {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"}
     if options.max_num_seqs and options.max_num_seqs > 512 and not options.enforce_eager:
         # vLLM captures CUDA graphs up to 512 sequences by default; a fuller decode batch would run without one
-        kwargs["compilation_config"] = {"max_cudagraph_capture_size": options.max_num_seqs}
+        compilation["max_cudagraph_capture_size"] = options.max_num_seqs
+    if compilation:
+        kwargs["compilation_config"] = compilation
     if options.moe_backend is not None:
         kwargs["moe_backend"] = options.moe_backend
     if options.mtp_num_speculative_tokens:

@@ -253,3 +253,10 @@ def test_every_data_parallel_replica_answers_a_worker_rpc():
     assert Core.asked[0][1] == ("molt_end_check", None, (1,), None)  # method, timeout, args, kwargs
     LLM.engine_core.core_engines = [b"\x00\x00"]  # one replica: vLLM's own path
     assert asyncio.run(_all_workers(LLM(), "m", ())) == ["core0-only"]
+
+
+def test_no_compile_keeps_full_decode_graphs_and_drops_dynamo():
+    kw = engine_kwargs(VLLMConfig(compile=False), "/m")
+    assert kw["compilation_config"] == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY"} and not kw["enforce_eager"]
+    big = engine_kwargs(VLLMConfig(compile=False, max_num_seqs=1024), "/m")["compilation_config"]
+    assert big == {"mode": 0, "cudagraph_mode": "FULL_DECODE_ONLY", "max_cudagraph_capture_size": 1024}
