@@ -9,6 +9,9 @@
 set -u
 M=/tmp/models/q06
 OUT=${OUT:-/tmp/time_to_step}; mkdir -p "$OUT"
+for run in "$@"; do  # every run named right before anything starts
+  case $run in cold:* | warm:*) ;; *) echo "run $run: MODE must be cold or warm"; exit 2 ;; esac
+done
 [ -f $M/config.json ] || python3 benchmarks/gpu/shapes.py $M 0.6b > "$OUT/shapes.log" 2>&1 || exit 1
 OURS="benchmarks/gpu/grpo_step_bench.py --model $M --compile --no-recompute --steps 3 --sync-reps 0 --max-num-seqs 256 --no-check"
 begin=$(date +%s)

@@ -231,3 +231,12 @@ async def test_without_partial_rollout_a_sync_waits_for_the_batch_in_flight(tiny
     synced = time.time()
     batch = await rollout
     assert batch["end"] <= synced  # the sync ran only once the whole batch was done
+
+
+def test_no_vllm_compile_is_refused_beside_enforce_eager_and_reaches_the_engine(monkeypatch, capsys):
+    importable(monkeypatch, "vllm")
+    with pytest.raises(SystemExit) as exc:
+        parse("rl", BASE + VLLM + ["--vllm.enforce_eager", "--no-vllm.compile"])
+    assert exc.value.code == 2 and "--vllm.compile False has no effect" in capsys.readouterr().err
+    cfg = parse("rl", BASE + VLLM + ["--no-vllm.compile"])
+    assert engine_kwargs(cfg.vllm, "m")["compilation_config"]["cudagraph_mode"] == "FULL_DECODE_ONLY"
