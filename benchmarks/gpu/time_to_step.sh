@@ -5,13 +5,17 @@
 #   bash benchmarks/gpu/time_to_step.sh cold:trl cold:ours cold:fast warm:fast ...
 # NAME: trl (TRL's GRPOTrainer), ours (the config the GRPO-step table measures: 2 engines, vLLM and the policy
 # compiled), fast (--no-vllm.compile, the policy's layers compiled with symbolic shapes from the first call),
-# fast1 (fast with one engine). Logs: $OUT/MODE-NAME.log; a RESULT line each; WALL lines on stdout.
+# fast1 (fast with one engine), short (--no-vllm.compile and the policy eager, the trainer's default: the recipe
+# for a short run). The project's wheel must be installed (its entry points name the envs): gpu/README.md.
+# Logs: $OUT/MODE-NAME.log; a RESULT line each; WALL lines on stdout.
 set -u
 M=/tmp/models/q06
 OUT=${OUT:-/tmp/time_to_step}; mkdir -p "$OUT"
 for run in "$@"; do  # every run named right before anything starts
   case $run in cold:* | warm:*) ;; *) echo "run $run: MODE must be cold or warm"; exit 2 ;; esac
 done
+python3 -c "import env_registry; env_registry.spec('molt/gsm8k-v1')" > /dev/null 2>&1 \
+  || { echo "molt/gsm8k-v1 is not registered: install this project's wheel (.stage/whl, gpu/README.md)"; exit 2; }
 [ -f $M/config.json ] || python3 benchmarks/gpu/shapes.py $M 0.6b > "$OUT/shapes.log" 2>&1 || exit 1
 OURS="benchmarks/gpu/grpo_step_bench.py --model $M --compile --no-recompute --steps 3 --sync-reps 0 --max-num-seqs 256 --no-check"
 begin=$(date +%s)
@@ -22,6 +26,7 @@ for run in "$@"; do
     ours) cmd="$OURS --engines 2" ;;
     fast) cmd="$OURS --engines 2 --no-vllm-compile --dynamic-first" ;;
     fast1) cmd="$OURS --engines 1 --no-vllm-compile --dynamic-first" ;;
+    short) cmd="${OURS/--compile /}--engines 2 --no-vllm-compile" ;;
     *) echo "unknown run $run"; exit 2 ;;
   esac
   left=$((570 - $(date +%s) + begin))
