@@ -26,7 +26,7 @@ for run in "$@"; do
     ours) cmd="$OURS --engines 2" ;;
     fast) cmd="$OURS --engines 2 --no-vllm-compile --dynamic-first" ;;
     fast1) cmd="$OURS --engines 1 --no-vllm-compile --dynamic-first" ;;
-    short) cmd="${OURS/--compile /}--engines 2 --no-vllm-compile" ;;
+    short) cmd="${OURS/--compile /} --engines 2 --no-vllm-compile" ;;
     *) echo "unknown run $run"; exit 2 ;;
   esac
   left=$((570 - $(date +%s) + begin))
